@@ -1,0 +1,240 @@
+"""deskvm's own action vocabulary: frozen values, no I/O.
+
+Coordinates are display pixels of the session's screen (origin top-left, x to the right,
+y down), integers in ``0..width_px-1`` / ``0..height_px-1``. Scroll amounts are wheel
+notches ("clicks"); positive ``dy`` scrolls down, positive ``dx`` scrolls right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any, TypeAlias
+
+from agent_bridge.protocol.keys import KeyCombo
+from orchestrator.errors import ActionError
+
+__all__ = [
+    "MAX_WAIT_MS",
+    "Action",
+    "Button",
+    "Click",
+    "CursorPosition",
+    "Drag",
+    "HoldKey",
+    "Key",
+    "MouseDown",
+    "MouseUp",
+    "Move",
+    "Point",
+    "Screenshot",
+    "Scroll",
+    "Type",
+    "Wait",
+    "Zoom",
+    "action_name",
+    "action_to_dict",
+]
+
+MAX_WAIT_MS = 60_000
+
+Point: TypeAlias = tuple[int, int]
+
+
+class Button(StrEnum):
+    """Pointer buttons, named as QEMU's QMP ``InputButton`` enum names them."""
+
+    LEFT = "left"
+    MIDDLE = "middle"
+    RIGHT = "right"
+    BACK = "side"
+    FORWARD = "extra"
+
+    @classmethod
+    def parse(cls, name: str) -> Button:
+        aliases = {"back": cls.BACK, "forward": cls.FORWARD, "wheel": cls.MIDDLE}
+        key = name.strip().lower()
+        if key in aliases:
+            return aliases[key]
+        try:
+            return cls(key)
+        except ValueError:
+            names = ", ".join(["left", "middle", "right", "back", "forward"])
+            raise ActionError(f"unknown button {name!r}; supported: {names}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Screenshot:
+    """Capture the screen. Result: PNG of the whole display (or scaled, see session)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Zoom:
+    """A full-resolution crop of the region ``[x0, x1) x [y0, y1)`` in display pixels."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Move the absolute pointer to ``(x, y)``."""
+
+    x: int
+    y: int
+
+
+@dataclass(frozen=True, slots=True)
+class Click:
+    """Press and release ``button`` ``count`` times (2 = double click) at ``(x, y)``.
+
+    ``x``/``y`` of ``None`` clicks where the pointer is. ``hold`` keys are held down during
+    the click (e.g. shift-click) and released afterwards.
+    """
+
+    x: int | None
+    y: int | None
+    button: Button = Button.LEFT
+    count: int = 1
+    hold: KeyCombo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MouseDown:
+    """Press ``button`` (at ``(x, y)`` if given) and keep it down."""
+
+    button: Button = Button.LEFT
+    x: int | None = None
+    y: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MouseUp:
+    """Release ``button`` (at ``(x, y)`` if given)."""
+
+    button: Button = Button.LEFT
+    x: int | None = None
+    y: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Drag:
+    """Press ``button`` at ``path[0]``, move through every point, release at ``path[-1]``."""
+
+    path: tuple[Point, ...]
+    button: Button = Button.LEFT
+
+
+@dataclass(frozen=True, slots=True)
+class Scroll:
+    """Move to ``(x, y)`` (if given) and turn the wheel ``dy`` notches down, ``dx`` right.
+
+    Negative values scroll up / left. ``hold`` keys are held during the scroll.
+    """
+
+    x: int | None
+    y: int | None
+    dx: int = 0
+    dy: int = 0
+    hold: KeyCombo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Type:
+    """Type ``text`` as keystrokes. ``\\n`` is Return, ``\\t`` is Tab.
+
+    ``secret`` text is recorded as its length and a keyed hash only.
+    """
+
+    text: str
+    secret: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """Press one or more key combos in order (``"ctrl+shift+t"``, ``"ctrl+a ctrl+c"``)."""
+
+    combos: tuple[KeyCombo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HoldKey:
+    """Hold ``combo`` down for ``duration_ms`` milliseconds, then release it."""
+
+    combo: KeyCombo
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Do nothing for ``ms`` milliseconds (the reply comes after the wait)."""
+
+    ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CursorPosition:
+    """Report where the pointer is (as last placed by the host)."""
+
+
+Action: TypeAlias = (
+    Screenshot
+    | Zoom
+    | Move
+    | Click
+    | MouseDown
+    | MouseUp
+    | Drag
+    | Scroll
+    | Type
+    | Key
+    | HoldKey
+    | Wait
+    | CursorPosition
+)
+
+
+_NAMES: dict[type, str] = {
+    Screenshot: "screenshot",
+    Zoom: "zoom",
+    Move: "move",
+    Click: "click",
+    MouseDown: "mouse_down",
+    MouseUp: "mouse_up",
+    Drag: "drag",
+    Scroll: "scroll",
+    Type: "type",
+    Key: "key",
+    HoldKey: "hold_key",
+    Wait: "wait",
+    CursorPosition: "cursor_position",
+}
+
+
+def action_name(action: Action) -> str:
+    """The deskvm name of an action's kind (``"click"``, ``"type"``...)."""
+    return _NAMES[type(action)]
+
+
+def action_to_dict(action: Action) -> dict[str, Any]:
+    """A JSON-ready description of ``action`` (for recordings and logs).
+
+    ``{"action": name, ...fields}``; key combos as ``"ctrl+shift+t"`` strings (qcodes),
+    points as ``[x, y]`` lists, secret text replaced by its length.
+    """
+    out: dict[str, Any] = {"action": action_name(action)}
+    for f in fields(action):
+        value = getattr(action, f.name)
+        if isinstance(value, KeyCombo):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = [str(v) if isinstance(v, KeyCombo) else list(v) for v in value]
+        elif isinstance(value, Button):
+            value = value.value
+        out[f.name] = value
+    if isinstance(action, Type) and action.secret:
+        out["text"] = None
+        out["length"] = len(action.text)
+    return out

@@ -1,0 +1,210 @@
+"""Key names, key combos and text, mapped to QEMU qcodes on a US keyboard layout.
+
+A *qcode* is a name from QEMU's QMP ``QKeyCode`` enum (``"ctrl"``, ``"a"``, ``"ret"``,
+``"kp_enter"``...): the physical key the guest receives through ``input-send-event``.
+
+Accepted key names (case-insensitive): X11 keysym names as xdotool spells them
+(``Return``, ``KP_Enter``, ``Control_L``, ``Super_L``, ``BackSpace``, ``Page_Up``,
+``ISO_Left_Tab``, ``F1``..``F24``...), the common spellings agents use (``ctrl``, ``cmd``,
+``win``, ``enter``, ``esc``, ``pgdn``, ``ArrowLeft``...) and any single character that has
+a key on the US layout (a shifted character such as ``"?"`` implies shift).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.errors import ActionError
+
+__all__ = [
+    "MODIFIER_QCODES",
+    "KeyCombo",
+    "char_to_combo",
+    "key_to_combo",
+    "parse_combo",
+    "parse_combos",
+    "text_to_combos",
+]
+
+MODIFIER_QCODES = frozenset(
+    {"shift", "shift_r", "ctrl", "ctrl_r", "alt", "alt_r", "meta_l", "meta_r"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCombo:
+    """Keys pressed together, in press order (modifiers first); released in reverse.
+
+    Attributes:
+        qcodes: QEMU ``QKeyCode`` names, e.g. ``("ctrl", "shift", "t")``.
+    """
+
+    qcodes: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return "+".join(self.qcodes)
+
+
+# Unshifted and shifted characters on a US layout, by qcode.
+_US_KEYS: dict[str, tuple[str, str]] = {
+    "grave_accent": ("`", "~"),
+    "1": ("1", "!"), "2": ("2", "@"), "3": ("3", "#"), "4": ("4", "$"), "5": ("5", "%"),
+    "6": ("6", "^"), "7": ("7", "&"), "8": ("8", "*"), "9": ("9", "("), "0": ("0", ")"),
+    "minus": ("-", "_"), "equal": ("=", "+"),
+    "bracket_left": ("[", "{"), "bracket_right": ("]", "}"), "backslash": ("\\", "|"),
+    "semicolon": (";", ":"), "apostrophe": ("'", '"'),
+    "comma": (",", "<"), "dot": (".", ">"), "slash": ("/", "?"),
+    "spc": (" ", " "),
+}  # fmt: skip
+for _letter in "abcdefghijklmnopqrstuvwxyz":
+    _US_KEYS[_letter] = (_letter, _letter.upper())
+
+_CHAR_TO_KEY: dict[str, tuple[str, bool]] = {}
+for _qcode, (_plain, _shifted) in _US_KEYS.items():
+    _CHAR_TO_KEY.setdefault(_plain, (_qcode, False))
+    _CHAR_TO_KEY.setdefault(_shifted, (_qcode, True))
+_CHAR_TO_KEY["\n"] = ("ret", False)
+_CHAR_TO_KEY["\r"] = ("ret", False)
+_CHAR_TO_KEY["\t"] = ("tab", False)
+
+# Named keys: lower-cased spelling -> qcode.
+_NAMED: dict[str, str] = {
+    # modifiers
+    "ctrl": "ctrl", "control": "ctrl", "control_l": "ctrl", "ctrl_l": "ctrl", "lctrl": "ctrl",
+    "control_r": "ctrl_r", "ctrl_r": "ctrl_r", "rctrl": "ctrl_r",
+    "shift": "shift", "shift_l": "shift", "lshift": "shift",
+    "shift_r": "shift_r", "rshift": "shift_r",
+    "alt": "alt", "alt_l": "alt", "lalt": "alt", "option": "alt", "meta": "alt",
+    "alt_r": "alt_r", "ralt": "alt_r", "altgr": "alt_r", "iso_level3_shift": "alt_r",
+    "super": "meta_l", "super_l": "meta_l", "win": "meta_l", "windows": "meta_l",
+    "cmd": "meta_l", "command": "meta_l", "meta_l": "meta_l", "hyper_l": "meta_l",
+    "super_r": "meta_r", "meta_r": "meta_r",
+    # editing and navigation
+    "return": "ret", "enter": "ret", "ret": "ret", "linefeed": "ret",
+    "kp_enter": "kp_enter",
+    "tab": "tab", "iso_left_tab": "tab",
+    "escape": "esc", "esc": "esc",
+    "backspace": "backspace", "back_space": "backspace",
+    "delete": "delete", "del": "delete",
+    "insert": "insert", "ins": "insert",
+    "home": "home", "end": "end",
+    "page_up": "pgup", "pageup": "pgup", "pgup": "pgup", "prior": "pgup",
+    "page_down": "pgdn", "pagedown": "pgdn", "pgdn": "pgdn", "next": "pgdn",
+    "left": "left", "arrowleft": "left", "right": "right", "arrowright": "right",
+    "up": "up", "arrowup": "up", "down": "down", "arrowdown": "down",
+    "space": "spc", "spc": "spc",
+    "menu": "menu", "apps": "menu",
+    "caps_lock": "caps_lock", "capslock": "caps_lock",
+    "num_lock": "num_lock", "numlock": "num_lock",
+    "scroll_lock": "scroll_lock", "scrolllock": "scroll_lock",
+    "print": "print", "printscreen": "print", "sys_req": "sysrq", "pause": "pause",
+    # keypad
+    "kp_add": "kp_add", "kp_subtract": "kp_subtract", "kp_multiply": "kp_multiply",
+    "kp_divide": "kp_divide", "kp_decimal": "kp_decimal", "kp_separator": "kp_comma",
+    "kp_equal": "kp_equals",
+    # punctuation by keysym name
+    "minus": "minus", "equal": "equal", "comma": "comma", "period": "dot", "dot": "dot",
+    "slash": "slash", "backslash": "backslash", "semicolon": "semicolon",
+    "apostrophe": "apostrophe", "grave": "grave_accent", "quoteleft": "grave_accent",
+    "bracketleft": "bracket_left", "bracketright": "bracket_right",
+}  # fmt: skip
+for _n in range(10):
+    _NAMED[f"kp_{_n}"] = f"kp_{_n}"
+for _n in range(1, 25):
+    _NAMED[f"f{_n}"] = f"f{_n}"
+
+# Keysym names of shifted characters: these imply shift.
+_SHIFTED_NAMES: dict[str, str] = {
+    "plus": "+", "asterisk": "*", "exclam": "!", "at": "@", "numbersign": "#",
+    "dollar": "$", "percent": "%", "asciicircum": "^", "ampersand": "&",
+    "parenleft": "(", "parenright": ")", "underscore": "_", "braceleft": "{",
+    "braceright": "}", "bar": "|", "colon": ":", "quotedbl": '"', "less": "<",
+    "greater": ">", "question": "?", "asciitilde": "~",
+}  # fmt: skip
+
+
+def char_to_combo(char: str) -> KeyCombo:
+    """The keystroke that types ``char`` on a US layout.
+
+    Raises:
+        ActionError: ``char`` has no key on the US layout (e.g. ``"ñ"``).
+    """
+    try:
+        qcode, shifted = _CHAR_TO_KEY[char]
+    except KeyError:
+        raise ActionError(
+            f"character {char!r} (U+{ord(char):04X}) has no key on the guest's US keyboard layout",
+            code="untypeable_text",
+        ) from None
+    return KeyCombo(("shift", qcode) if shifted else (qcode,))
+
+
+def key_to_combo(name: str) -> KeyCombo:
+    """One key by name (see module docstring); shifted characters include ``shift``.
+
+    Raises:
+        ActionError: unknown key name.
+    """
+    if len(name) == 1:
+        if name.isalpha() and name.isascii():
+            return KeyCombo((name.lower(),))
+        return char_to_combo(name)
+    lowered = name.lower()
+    if lowered in _NAMED:
+        return KeyCombo((_NAMED[lowered],))
+    if lowered in _SHIFTED_NAMES:
+        return char_to_combo(_SHIFTED_NAMES[lowered])
+    raise ActionError(f"unknown key name {name!r}", code="unknown_key")
+
+
+def parse_combo(spec: str) -> KeyCombo:
+    """Parse one combo such as ``"ctrl+shift+t"``, ``"Control_L+a"``, ``"ctrl++"``.
+
+    Duplicate keys are pressed once. Returns modifiers first, in the order given.
+
+    Raises:
+        ActionError: empty combo or unknown key name.
+    """
+    text = spec.strip()
+    if not text:
+        raise ActionError("empty key combo", code="unknown_key")
+    parts: list[str] = []
+    token = ""
+    for i, ch in enumerate(text):
+        # A '+' that is a separator sits between two tokens; '+' alone or last is the key.
+        if ch == "+" and token and i != len(text) - 1:
+            parts.append(token)
+            token = ""
+        else:
+            token += ch
+    if token:
+        parts.append(token)
+    qcodes: list[str] = []
+    for part in parts:
+        for qcode in key_to_combo(part.strip()).qcodes:
+            if qcode not in qcodes:
+                qcodes.append(qcode)
+    modifiers = [q for q in qcodes if q in MODIFIER_QCODES]
+    others = [q for q in qcodes if q not in MODIFIER_QCODES]
+    return KeyCombo(tuple(modifiers + others))
+
+
+def parse_combos(spec: str) -> tuple[KeyCombo, ...]:
+    """Parse whitespace-separated combos, xdotool style: ``"ctrl+a ctrl+c"``.
+
+    Raises:
+        ActionError: empty input or any unknown key name.
+    """
+    combos = tuple(parse_combo(part) for part in spec.split())
+    if not combos:
+        raise ActionError("no keys given", code="unknown_key")
+    return combos
+
+
+def text_to_combos(text: str) -> list[KeyCombo]:
+    """Keystrokes that type ``text`` on a US layout (``\\n`` -> Return, ``\\t`` -> Tab).
+
+    Raises:
+        ActionError: code ``untypeable_text`` naming the first character with no key.
+    """
+    return [char_to_combo(ch) for ch in text]

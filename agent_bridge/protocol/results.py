@@ -1,0 +1,68 @@
+"""What an executed action returns, as frozen values, and their deskvm wire shape. Pure."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+__all__ = ["CursorResult", "Done", "ImageResult", "Result", "to_deskvm_result"]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageResult:
+    """An image of the screen (``screenshot``) or of a region of it (``zoom``).
+
+    Attributes:
+        width_px, height_px: size of the encoded image.
+        mime: ``"image/png"``.
+        data: the encoded image bytes.
+        frame_seq: recording sequence number of the frame event it was cut from.
+    """
+
+    width_px: int
+    height_px: int
+    mime: str
+    data: bytes
+    frame_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CursorResult:
+    """Pointer position in display pixels (origin top-left)."""
+
+    x: int
+    y: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """An action that returns nothing but completion (``click``, ``type``...).
+
+    Attributes:
+        detail: optional facts about the execution, e.g. ``{"chars": 12}``.
+    """
+
+    detail: tuple[tuple[str, Any], ...] = ()
+
+
+Result: TypeAlias = ImageResult | CursorResult | Done
+
+
+def to_deskvm_result(result: Result) -> dict[str, Any]:
+    """The ``result`` object of a deskvm-schema reply.
+
+    ``ImageResult`` -> ``{"width", "height", "mime", "data"}`` (``data`` base64, RFC 4648).
+    """
+    match result:
+        case ImageResult():
+            return {
+                "width": result.width_px,
+                "height": result.height_px,
+                "mime": result.mime,
+                "data": base64.b64encode(result.data).decode("ascii"),
+            }
+        case CursorResult(x=x, y=y):
+            return {"x": x, "y": y}
+        case Done(detail=detail):
+            return dict(detail)

@@ -1,0 +1,64 @@
+"""Time as a seam: a monotonic clock and a wall clock, real or fake.
+
+All timestamps in recordings are ``CLOCK_MONOTONIC`` nanoseconds (``*_ns``); the wall
+clock is read once per session for the manifest.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Protocol
+
+__all__ = ["Clock", "FakeClock", "SystemClock"]
+
+
+class Clock(Protocol):
+    def monotonic_ns(self) -> int:
+        """Nanoseconds on a monotonic clock (arbitrary origin)."""
+        ...
+
+    def wall(self) -> datetime:
+        """Current UTC wall-clock time."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Block for ``seconds``."""
+        ...
+
+
+class SystemClock:
+    """The host's clocks."""
+
+    def monotonic_ns(self) -> int:
+        return time.monotonic_ns()
+
+    def wall(self) -> datetime:
+        return datetime.now(UTC)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+class FakeClock:
+    """A clock that only moves when slept on or advanced: deterministic tests."""
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self._now_ns = start_ns
+        self._lock = threading.Lock()
+
+    def monotonic_ns(self) -> int:
+        with self._lock:
+            return self._now_ns
+
+    def wall(self) -> datetime:
+        return datetime(2026, 1, 1, tzinfo=UTC)
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now_ns += max(0, int(seconds * 1e9))

@@ -1,0 +1,135 @@
+"""The one exception root of deskvm, and its branches.
+
+Every error deskvm raises on purpose derives from :class:`DeskvmError`. Errors of
+the systems behind the seams (``libvirt.libvirtError``, ``subprocess.CalledProcessError``,
+``websockets.ConnectionClosed``...) are translated where they enter, with the original
+kept as ``__cause__``::
+
+    DeskvmError
+    ├── ConfigError              bad settings, spec or request (the caller can fix it)
+    │   └── ImageNotFound        no built image of that name
+    ├── HostSetupError           the host lacks a package, a daemon, a permission
+    ├── ImageBuildError          an image recipe failed to build
+    ├── ProtocolError            a malformed or unsupported message/action (pure layer)
+    │   └── ActionError          well-formed but not executable here (e.g. off-screen)
+    ├── HypervisorError          libvirt refused or failed (define, start, destroy)
+    │   └── BootTimeout          the desktop was not drawn before the deadline
+    ├── DisplayError             screendump or input injection failed
+    ├── EgressError              bridge / nftables / resolver set-up or teardown failed
+    ├── RecorderError            the recording could not be written
+    ├── SessionNotFound          no such session id
+    ├── SessionClosed            the session has ended (or is ending)
+    └── CapacityError            the server is at its limit of sessions or memory
+
+Each error has a stable machine-readable ``code`` (used in WebSocket and REST error
+bodies) and a human message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActionError",
+    "BootTimeout",
+    "CapacityError",
+    "ConfigError",
+    "DeskvmError",
+    "DisplayError",
+    "EgressError",
+    "HostSetupError",
+    "HypervisorError",
+    "ImageBuildError",
+    "ImageNotFound",
+    "ProtocolError",
+    "RecorderError",
+    "SessionClosed",
+    "SessionNotFound",
+]
+
+
+class DeskvmError(Exception):
+    """Root of every deskvm error.
+
+    Attributes:
+        code: stable snake_case identifier sent to clients (``"boot_timeout"``...).
+    """
+
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(DeskvmError):
+    code = "invalid_config"
+
+
+class ImageNotFound(ConfigError):
+    code = "image_not_found"
+
+
+class HostSetupError(DeskvmError):
+    code = "host_setup"
+
+
+class ImageBuildError(DeskvmError):
+    code = "image_build_failed"
+
+
+class ProtocolError(DeskvmError):
+    """A message that cannot be parsed or names no supported action."""
+
+    code = "invalid_message"
+
+
+class ActionError(ProtocolError):
+    """A well-formed action that cannot be carried out (e.g. off-screen coordinates)."""
+
+    code = "invalid_action"
+
+
+class HypervisorError(DeskvmError):
+    code = "hypervisor_error"
+
+
+class BootTimeout(HypervisorError):
+    """The desktop was not ready before the boot deadline.
+
+    Attributes:
+        console_tail: the last lines the guest printed on its console, for diagnosis.
+    """
+
+    code = "boot_timeout"
+
+    def __init__(self, message: str, *, console_tail: str = "") -> None:
+        super().__init__(message)
+        self.console_tail = console_tail
+
+
+class DisplayError(DeskvmError):
+    code = "display_error"
+
+
+class EgressError(DeskvmError):
+    code = "egress_error"
+
+
+class RecorderError(DeskvmError):
+    code = "recorder_error"
+
+
+class SessionNotFound(DeskvmError):
+    code = "session_not_found"
+
+
+class SessionClosed(DeskvmError):
+    code = "session_closed"
+
+
+class CapacityError(DeskvmError):
+    code = "over_capacity"

@@ -1,0 +1,118 @@
+"""Render a session's libvirt domain XML. Pure: a golden-file test pins the output.
+
+Reference: libvirt "Domain XML format" (https://libvirt.org/formatdomain.html).
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from datetime import datetime
+
+from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
+from orchestrator.spec import SessionSpec
+
+__all__ = ["DOMAIN_PREFIX", "METADATA_NS", "domain_name", "render_domain_xml", "session_id_of"]
+
+DOMAIN_PREFIX = "deskvm-"
+METADATA_NS = "https://deskvm.dev/xmlns/session/1"
+
+
+def domain_name(session_id: str) -> str:
+    """The libvirt domain name of a session: ``deskvm-<session_id>``."""
+    return DOMAIN_PREFIX + session_id
+
+
+def session_id_of(name: str) -> str | None:
+    """The session id in a deskvm domain name, or ``None`` for other domains."""
+    return name[len(DOMAIN_PREFIX) :] if name.startswith(DOMAIN_PREFIX) else None
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, attrs)
+    if text is not None:
+        el.text = text
+    return el
+
+
+def render_domain_xml(
+    spec: SessionSpec,
+    paths: SessionPaths,
+    *,
+    accel: Accel,
+    created: datetime,
+    nic: NicAttachment | None = None,
+    emulator: str = "/usr/bin/qemu-system-x86_64",
+) -> str:
+    """The domain XML for one session.
+
+    The domain has: the overlay as its only disk (virtio), direct kernel boot with
+    ``deskvm.display=WxH`` appended to the image's command line, a USB tablet (absolute
+    pointer), a stdvga card whose EDID prefers the requested size, two file-backed serial
+    ports (console, guest log), no graphics server, no balloon, and a network interface
+    only when ``nic`` is given. Every lifecycle event (poweroff, reboot, crash) destroys it.
+
+    Args:
+        spec: the session.
+        paths: where the overlay and logs live.
+        accel: ``"kvm"`` (domain type kvm, host CPU model) or ``"tcg"`` (type qemu).
+        created: creation time, stored in the metadata (UTC).
+        nic: bridge and MAC for the one NIC, or ``None`` for no network device at all.
+        emulator: QEMU binary.
+
+    Returns:
+        The XML document as a string.
+    """
+    display = spec.display
+    dom = ET.Element("domain", type="kvm" if accel == "kvm" else "qemu")
+    _sub(dom, "name", domain_name(spec.session_id))
+    _sub(dom, "title", f"deskvm session {spec.session_id}")
+    meta = _sub(dom, "metadata")
+    ET.register_namespace("deskvm", METADATA_NS)
+    _sub(
+        meta,
+        f"{{{METADATA_NS}}}session",
+        id=spec.session_id,
+        image=spec.image.name,
+        image_hash=spec.image.content_hash,
+        created=created.isoformat(),
+    )
+    _sub(dom, "memory", str(spec.memory_mib), unit="MiB")
+    _sub(dom, "currentMemory", str(spec.memory_mib), unit="MiB")
+    _sub(dom, "vcpu", str(spec.vcpus), placement="static")
+    os_el = _sub(dom, "os")
+    _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
+    _sub(os_el, "kernel", str(spec.image.kernel_path))
+    _sub(os_el, "initrd", str(spec.image.initrd_path))
+    cmdline = f"{spec.image.kernel_cmdline} deskvm.display={display.width_px}x{display.height_px}"
+    _sub(os_el, "cmdline", cmdline)
+    features = _sub(dom, "features")
+    _sub(features, "acpi")
+    if accel == "kvm":
+        _sub(dom, "cpu", mode="host-passthrough", check="none")
+    _sub(dom, "clock", offset="utc")
+    for event in ("on_poweroff", "on_reboot", "on_crash"):
+        _sub(dom, event, "destroy")
+    devices = _sub(dom, "devices")
+    _sub(devices, "emulator", emulator)
+    disk = _sub(devices, "disk", type="file", device="disk")
+    _sub(disk, "driver", name="qemu", type="qcow2", discard="unmap", cache="writeback")
+    _sub(disk, "source", file=str(paths.overlay))
+    _sub(disk, "target", dev="vda", bus="virtio")
+    _sub(devices, "controller", type="usb", model="qemu-xhci")
+    _sub(devices, "input", type="tablet", bus="usb")
+    _sub(devices, "input", type="keyboard", bus="ps2")
+    for port, path in ((0, paths.console_log), (1, paths.guest_log)):
+        serial = _sub(devices, "serial", type="file")
+        _sub(serial, "source", path=str(path), append="off")
+        _sub(serial, "target", port=str(port))
+    if nic is not None:
+        iface = _sub(devices, "interface", type="bridge")
+        _sub(iface, "source", bridge=nic.bridge)
+        _sub(iface, "mac", address=nic.mac)
+        _sub(iface, "model", type="virtio")
+    video = _sub(devices, "video")
+    model = _sub(video, "model", type="vga", vram="32768", heads="1", primary="yes")
+    _sub(model, "resolution", x=str(display.width_px), y=str(display.height_px))
+    _sub(devices, "memballoon", model="none")
+    ET.indent(dom)
+    return ET.tostring(dom, encoding="unicode") + "\n"

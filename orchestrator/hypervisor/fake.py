@@ -1,0 +1,110 @@
+"""An in-package fake hypervisor: no VM, same contract. For tests of everything above it.
+
+Fake domains "boot" at once, draw a fake desktop (:class:`~orchestrator.display.fake.FakeDisplay`),
+write ``DESKVM_READY WxH`` to their guest log and then every line typed into them.
+Failures can be injected per lifecycle step.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from orchestrator.display.fake import FakeDisplay
+from orchestrator.errors import HypervisorError
+from orchestrator.hypervisor.base import Accel, NicAttachment
+from orchestrator.spec import SessionSpec
+
+__all__ = ["FakeDomain", "FakeHypervisor"]
+
+
+class FakeDomain:
+    """A pretend running domain (see :class:`~orchestrator.hypervisor.base.Domain`)."""
+
+    def __init__(self, spec: SessionSpec, nic: NicAttachment | None) -> None:
+        self.spec = spec
+        self.nic = nic
+        self.running = True
+        self.console = "[    0.000000] Linux version 6.1.0 (fake)\nfake login: desk\n"
+        self._guest_log = bytearray()
+        self._lock = threading.Lock()
+        d = spec.display
+        self._display = FakeDisplay(
+            d.width_px,
+            d.height_px,
+            background_rgb=spec.image.background_rgb,
+            on_line=self._on_line,
+        )
+        self.write_guest_log(f"DESKVM_READY {d.width_px}x{d.height_px}\n".encode())
+
+    def _on_line(self, line: str) -> None:
+        self.write_guest_log((line + "\n").encode())
+
+    def write_guest_log(self, data: bytes) -> None:
+        with self._lock:
+            self._guest_log += data
+
+    @property
+    def session_id(self) -> str:
+        return self.spec.session_id
+
+    @property
+    def display(self) -> FakeDisplay:
+        return self._display
+
+    def is_running(self) -> bool:
+        return self.running
+
+    def console_tail(self, max_bytes: int = 4096) -> str:
+        return self.console[-max_bytes:]
+
+    def read_guest_log(self, offset: int = 0) -> bytes:
+        with self._lock:
+            return bytes(self._guest_log[offset:])
+
+
+class FakeHypervisor:
+    """:class:`~orchestrator.hypervisor.base.Hypervisor` that keeps domains in memory.
+
+    Attributes:
+        domains: running fake domains by session id.
+        fail_on: lifecycle step names (``"start"``, ``"destroy"``) that raise next time.
+        started, destroyed: session ids in call order.
+    """
+
+    def __init__(self, *, accel: Accel = "tcg") -> None:
+        self._accel: Accel = accel
+        self.domains: dict[str, FakeDomain] = {}
+        self.fail_on: set[str] = set()
+        self.started: list[str] = []
+        self.destroyed: list[str] = []
+        self._lock = threading.Lock()
+
+    @property
+    def accel(self) -> Accel:
+        return self._accel
+
+    def start(self, spec: SessionSpec, *, nic: NicAttachment | None = None) -> FakeDomain:
+        with self._lock:
+            if "start" in self.fail_on:
+                self.fail_on.discard("start")
+                raise HypervisorError(f"injected failure starting {spec.session_id}")
+            if spec.session_id in self.domains:
+                raise HypervisorError(f"session {spec.session_id} already exists")
+            domain = FakeDomain(spec, nic)
+            self.domains[spec.session_id] = domain
+            self.started.append(spec.session_id)
+            return domain
+
+    def destroy(self, session_id: str) -> None:
+        with self._lock:
+            self.destroyed.append(session_id)
+            domain = self.domains.pop(session_id, None)
+            if domain is not None:
+                domain.running = False
+            if "destroy" in self.fail_on:
+                self.fail_on.discard("destroy")
+                raise HypervisorError(f"injected failure destroying {session_id}")
+
+    def list_sessions(self) -> set[str]:
+        with self._lock:
+            return set(self.domains)

@@ -1,0 +1,440 @@
+"""One disposable session: start the domain, wait for a drawn desktop, act, record, tear down.
+
+:class:`Session` composes the seams (hypervisor, display, recorder, clock). It is a
+context manager: leaving the ``with`` block (normally, on error or on Ctrl-C) destroys the
+domain and deletes the overlay; a start that fails tears down whatever it started before
+the error propagates. Every input is appended to the recording before it is injected.
+
+Thread safety: actions on one session run one at a time (a lock); different sessions are
+independent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+
+from agent_bridge.protocol.actions import (
+    Action,
+    Click,
+    CursorPosition,
+    Drag,
+    MouseDown,
+    MouseUp,
+    Move,
+    Screenshot,
+    Scroll,
+    Wait,
+    Zoom,
+    action_name,
+    action_to_dict,
+)
+from agent_bridge.protocol.messages import check_bounds
+from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result
+from orchestrator.clock import Clock, SystemClock
+from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
+from orchestrator.errors import BootTimeout, DeskvmError, HypervisorError, SessionClosed
+from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
+from orchestrator.input_plan import Pacing, plan_action, release_all
+from orchestrator.recorder import Recorder, Source
+from orchestrator.spec import SessionSpec
+
+__all__ = ["READY_MARKER", "Session", "SessionState", "desktop_drawn", "encode_png"]
+
+READY_MARKER = b"DESKVM_READY"
+
+SessionState = Literal["new", "starting", "ready", "closing", "closed", "failed"]
+
+
+def encode_png(image: Image.Image) -> bytes:
+    """PNG bytes of ``image`` (zlib level 1: fast; screens compress well anyway)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def desktop_drawn(
+    image: Image.Image, *, width_px: int, height_px: int, background_rgb: tuple[int, int, int]
+) -> tuple[bool, str]:
+    """Whether a frame shows the image's desktop: right size, background and windows drawn.
+
+    Ready means at least 10% of the pixels are the desktop background colour (the root
+    window is painted) and at least 1% are not (a window, the xterm, is drawn).
+
+    Returns:
+        ``(ready, reason)``; ``reason`` explains a ``False``.
+    """
+    if image.size != (width_px, height_px):
+        return False, f"screen is {image.width}x{image.height}, want {width_px}x{height_px}"
+    pixels = np.asarray(image.convert("RGB"), dtype=np.int16)
+    background = np.all(np.abs(pixels - np.array(background_rgb, dtype=np.int16)) <= 6, axis=2)
+    share = float(background.mean())
+    if share < 0.10:
+        return False, f"background covers {share:.1%} of the screen (desktop not painted yet)"
+    if share > 0.99:
+        return False, "only background is drawn (no window yet)"
+    return True, f"background {share:.1%}, windows {1 - share:.1%}"
+
+
+class Session:
+    """A running (or starting) disposable desktop session.
+
+    Args:
+        spec: what to start.
+        hypervisor: starts and destroys the domain.
+        recorder: where every event goes (its directory is the session's recording).
+        clock: time source (fake in tests).
+        pacing: input pacing.
+        nic: network attachment for sessions with an egress policy (``None``: no NIC).
+        ready_poll_s: how often readiness is checked during boot.
+    """
+
+    def __init__(
+        self,
+        spec: SessionSpec,
+        *,
+        hypervisor: Hypervisor,
+        recorder: Recorder,
+        clock: Clock | None = None,
+        pacing: Pacing | None = None,
+        nic: NicAttachment | None = None,
+        ready_poll_s: float = 0.5,
+    ) -> None:
+        self.spec = spec
+        self._hypervisor = hypervisor
+        self._recorder = recorder
+        self._clock = clock or SystemClock()
+        self._pacing = pacing or Pacing()
+        self._nic = nic
+        self._ready_poll_s = ready_poll_s
+        self._domain: Domain | None = None
+        self._lock = threading.RLock()
+        self._state: SessionState = "new"
+        self._cursor = (spec.display.width_px // 2, spec.display.height_px // 2)
+        self._keys_down: set[str] = set()
+        self._buttons_down: set[str] = set()
+        self.created_ns = self._clock.monotonic_ns()
+        self.ready_ns: int | None = None
+        self.boot_s: float | None = None
+        self.closed_reason: str | None = None
+        self._guest_log_snapshot = b""
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self.spec.session_id
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def recorder(self) -> Recorder:
+        return self._recorder
+
+    def __enter__(self) -> Session:
+        if self._state == "new":
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close(reason="context exit")
+
+    def start(self) -> None:
+        """Start the domain and block until the desktop is drawn.
+
+        Raises:
+            BootTimeout: not ready before ``spec.boot_timeout_s`` (carries the console tail).
+            HypervisorError: the domain could not start or died while booting.
+            SessionClosed: the session was closed while starting.
+        """
+        with self._lock:
+            if self._state != "new":
+                raise SessionClosed(f"session {self.id} was already started")
+            self._state = "starting"
+        t0 = self._clock.monotonic_ns()
+        self._recorder.append(
+            "lifecycle",
+            {
+                "event": "starting",
+                "image": self.spec.image.name,
+                "image_hash": self.spec.image.content_hash,
+                "display": [self.spec.display.width_px, self.spec.display.height_px],
+                "memory_mib": self.spec.memory_mib,
+                "vcpus": self.spec.vcpus,
+                "accel": self._hypervisor.accel,
+                "network": self._nic is not None,
+            },
+        )
+        try:
+            self._domain = self._hypervisor.start(self.spec, nic=self._nic)
+            self._wait_ready(t0)
+        except BaseException as exc:
+            self._state = "failed"
+            detail = exc.message if isinstance(exc, DeskvmError) else repr(exc)
+            with contextlib.suppress(DeskvmError):
+                self._recorder.append("lifecycle", {"event": "start_failed", "error": detail})
+            self._teardown(reason="start failed")
+            raise
+        self.ready_ns = self._clock.monotonic_ns()
+        self.boot_s = (self.ready_ns - t0) / 1e9
+        with self._lock:
+            if self._state != "starting":
+                raise SessionClosed(f"session {self.id} was closed while starting")
+            self._state = "ready"
+        self._recorder.append("lifecycle", {"event": "ready", "boot_s": round(self.boot_s, 3)})
+
+    def _wait_ready(self, t0_ns: int) -> None:
+        assert self._domain is not None
+        domain, spec = self._domain, self.spec
+        deadline_ns = t0_ns + int(spec.boot_timeout_s * 1e9)
+        reason = "the guest has not reported DESKVM_READY on its guest log"
+        while True:
+            if self._state != "starting":
+                raise SessionClosed(f"session {self.id} was closed while starting")
+            if not domain.is_running():
+                raise HypervisorError(
+                    f"the domain of session {self.id} stopped while booting; console tail:\n"
+                    + domain.console_tail()
+                )
+            if READY_MARKER in domain.read_guest_log():
+                image = domain.display.screendump()
+                ready, reason = desktop_drawn(
+                    image,
+                    width_px=spec.display.width_px,
+                    height_px=spec.display.height_px,
+                    background_rgb=spec.image.background_rgb,
+                )
+                if ready:
+                    self._record_frame(image, reason="ready", source="system")
+                    return
+            if self._clock.monotonic_ns() >= deadline_ns:
+                tail = domain.console_tail()
+                raise BootTimeout(
+                    f"session {self.id}: desktop not ready after {spec.boot_timeout_s:.0f} s "
+                    f"({reason}); console tail:\n{tail}",
+                    console_tail=tail,
+                )
+            self._clock.sleep(self._ready_poll_s)
+
+    def close(self, *, reason: str = "deleted") -> None:
+        """Destroy the domain, delete the overlay and close the recording. Idempotent.
+
+        Raises:
+            HypervisorError: a teardown step failed (all steps were still attempted).
+        """
+        with self._lock:
+            if self._state in ("closing", "closed"):
+                return
+            if self._state == "failed":
+                return
+            was = self._state
+            self._state = "closing"
+        if was == "new":
+            self._state = "closed"
+            self._recorder.close(status="closed")
+            return
+        self._teardown(reason=reason)
+
+    def _teardown(self, *, reason: str) -> None:
+        # Called without the action lock held so that a close interrupts a long action.
+        self.closed_reason = reason
+        errors: list[str] = []
+        if self._domain is not None:
+            with contextlib.suppress(DeskvmError):
+                self._guest_log_snapshot = self._domain.read_guest_log()
+        try:
+            self._hypervisor.destroy(self.id)
+        except DeskvmError as exc:
+            errors.append(exc.message)
+        with contextlib.suppress(DeskvmError):
+            self._recorder.append(
+                "lifecycle", {"event": "closed", "reason": reason, "errors": errors}
+            )
+        self._write_guest_log_copy()
+        with contextlib.suppress(DeskvmError):
+            self._recorder.close(status="closed" if not errors else "closed_with_errors")
+        if self._state != "failed":
+            self._state = "closed"
+        if errors:
+            raise HypervisorError("; ".join(errors))
+
+    def _write_guest_log_copy(self) -> None:
+        path = self._recorder.path
+        if path is not None:
+            with contextlib.suppress(OSError):
+                (path / "guest.log").write_bytes(self._guest_log_snapshot)
+
+    # --- observation ----------------------------------------------------------------
+
+    def guest_log(self) -> bytes:
+        """Everything the guest wrote to ``/dev/ttyS1`` so far (kept after close)."""
+        if self._domain is not None and self._state in ("starting", "ready"):
+            return self._domain.read_guest_log()
+        return self._guest_log_snapshot
+
+    def console_tail(self, max_bytes: int = 4096) -> str:
+        """The last bytes of the guest console (empty once closed)."""
+        if self._domain is not None and self._state in ("starting", "ready"):
+            return self._domain.console_tail(max_bytes)
+        return ""
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """Where the host last put the pointer (display pixels)."""
+        return self._cursor
+
+    # --- actions --------------------------------------------------------------------
+
+    def execute(
+        self, action: Action, *, source: Source = "agent", raw: Mapping[str, Any] | None = None
+    ) -> Result:
+        """Carry out one action and return its result.
+
+        The action is validated, appended to the recording, then injected; the result (or
+        error) is appended after. Whatever happens, no key or button is left pressed.
+
+        Args:
+            action: what to do (display pixels).
+            source: who asked (recorded).
+            raw: the message as received, when it was translated from a vendor schema.
+
+        Raises:
+            SessionClosed: the session is not ready.
+            ActionError: the action is not valid here (e.g. off-screen); nothing was injected.
+            DisplayError: injection or capture failed.
+        """
+        display = self.spec.display
+        with self._lock:
+            if self._state != "ready":
+                raise SessionClosed(f"session {self.id} is {self._state}")
+            assert self._domain is not None
+            record: dict[str, Any] = {"action": action_to_dict(action)}
+            if raw is not None:
+                record["raw"] = dict(raw)
+            try:
+                check_bounds(action, display.width_px, display.height_px)
+                steps = plan_action(action, self._pacing)
+            except DeskvmError as exc:
+                self._recorder.append("input", record, source=source)
+                self._recorder.append("error", {"code": exc.code, "message": exc.message})
+                raise
+            self._recorder.append("input", record, source=source)
+            try:
+                if steps:
+                    self._recorder.append(
+                        "injected",
+                        {"events": [_describe(e) for s in steps for e in s.events]},
+                        source=source,
+                    )
+                result = self._run(action, steps, source)
+            except DeskvmError as exc:
+                self._release_everything()
+                self._recorder.append("error", {"code": exc.code, "message": exc.message})
+                raise
+            except BaseException:
+                self._release_everything()
+                raise
+            self._recorder.append("result", _result_record(action, result))
+            return result
+
+    def _run(self, action: Action, steps: list[Any], source: Source) -> Result:
+        assert self._domain is not None
+        display = self.spec.display
+        for step in steps:
+            self._domain.display.send(
+                step.events, width_px=display.width_px, height_px=display.height_px
+            )
+            self._track(step.events)
+            self._clock.sleep(step.pause_s)
+        match action:
+            case Screenshot():
+                return self._capture(source)
+            case Zoom(x0=x0, y0=y0, x1=x1, y1=y1):
+                return self._capture(source, box=(x0, y0, x1, y1))
+            case CursorPosition():
+                return CursorResult(*self._cursor)
+            case Wait(ms=ms):
+                self._clock.sleep(ms / 1000)
+                return Done()
+            case _:
+                return Done()
+
+    def _track(self, events: tuple[InputEvent, ...]) -> None:
+        for event in events:
+            match event:
+                case AbsMove(x=x, y=y):
+                    self._cursor = (x, y)
+                case KeyEvent(qcode=q, down=down):
+                    (self._keys_down.add if down else self._keys_down.discard)(q)
+                case ButtonEvent(button=b, down=down):
+                    (self._buttons_down.add if down else self._buttons_down.discard)(b)
+
+    def _release_everything(self) -> None:
+        if self._domain is None or not (self._keys_down or self._buttons_down):
+            return
+        step = release_all(self._keys_down, self._buttons_down)
+        with contextlib.suppress(DeskvmError):
+            d = self.spec.display
+            self._domain.display.send(step.events, width_px=d.width_px, height_px=d.height_px)
+        self._keys_down.clear()
+        self._buttons_down.clear()
+
+    def _capture(self, source: Source, box: tuple[int, int, int, int] | None = None) -> ImageResult:
+        assert self._domain is not None
+        image = self._domain.display.screendump()
+        frame_seq = self._record_frame(image, reason="screenshot", source=source)
+        if box is not None:
+            image = image.crop(box)
+        png = encode_png(image)
+        return ImageResult(image.width, image.height, "image/png", png, frame_seq)
+
+    def _record_frame(self, image: Image.Image, *, reason: str, source: Source) -> int:
+        pts_ns = self._clock.monotonic_ns()
+        return self._recorder.add_frame(
+            encode_png(image), pts_ns=pts_ns, reason=reason, source=source
+        ).seq
+
+    def held(self) -> tuple[set[str], set[str]]:
+        """Keys (qcodes) and buttons the host currently holds down (empty between actions)."""
+        return set(self._keys_down), set(self._buttons_down)
+
+    def uptime_s(self) -> float:
+        return (time.monotonic_ns() - self.created_ns) / 1e9
+
+
+def _describe(event: InputEvent) -> str:
+    match event:
+        case AbsMove(x=x, y=y):
+            return f"abs {x} {y}"
+        case ButtonEvent(button=b, down=down):
+            return f"btn {'down' if down else 'up'} {b}"
+        case KeyEvent(qcode=q, down=down):
+            return f"key {'down' if down else 'up'} {q}"
+        case _:
+            return f"wheel {event.direction}"
+
+
+def _result_record(action: Action, result: Result) -> dict[str, Any]:
+    out: dict[str, Any] = {"action": action_name(action)}
+    match result:
+        case ImageResult():
+            out.update(
+                width=result.width_px, height=result.height_px, frame_seq=result.frame_seq,
+                bytes=len(result.data),
+            )  # fmt: skip
+        case CursorResult(x=x, y=y):
+            out.update(x=x, y=y)
+        case Done(detail=detail):
+            out.update(dict(detail))
+    return out
+
+

@@ -1,0 +1,319 @@
+"""Frozen value types that describe what a session is made of.
+
+These cross layers (server -> session -> seams); they hold no I/O and validate
+themselves on construction, raising :class:`~orchestrator.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.errors import ConfigError
+
+__all__ = [
+    "MAX_DISPLAY_PX",
+    "MAX_EGRESS_ENTRIES",
+    "MIN_DISPLAY_PX",
+    "BootImage",
+    "CidrAllow",
+    "DisplaySpec",
+    "DomainAllow",
+    "EgressPolicy",
+    "SessionSpec",
+    "new_session_id",
+    "parse_egress_entry",
+    "validate_session_id",
+]
+
+MIN_DISPLAY_PX = 320
+MAX_DISPLAY_PX = 4096
+
+_SESSION_ID_RE = re.compile(r"^[a-z0-9]{12}$")
+
+
+def new_session_id() -> str:
+    """A fresh random session id: 12 lowercase base32-ish characters (60 bits).
+
+    Short enough to fit in a Linux interface name (``dvm-<id>`` is 16 bytes with NUL).
+    """
+    import secrets
+
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return "".join(secrets.choice(alphabet) for _ in range(12))
+
+
+def validate_session_id(session_id: str) -> str:
+    """Return ``session_id`` if it has the shape :func:`new_session_id` makes.
+
+    Raises:
+        ConfigError: otherwise (ids end up in file names, domain names, nft tables).
+    """
+    if not _SESSION_ID_RE.match(session_id):
+        raise ConfigError(f"invalid session id {session_id!r}: expected 12 of [a-z0-9]")
+    return session_id
+
+
+@dataclass(frozen=True, slots=True)
+class DisplaySpec:
+    """The guest's screen size in pixels (origin top-left)."""
+
+    width_px: int = 1280
+    height_px: int = 800
+
+    def __post_init__(self) -> None:
+        for name, value in (("width", self.width_px), ("height", self.height_px)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"display {name} must be an integer, got {value!r}")
+            if not MIN_DISPLAY_PX <= value <= MAX_DISPLAY_PX:
+                raise ConfigError(
+                    f"display {name} {value}px is outside {MIN_DISPLAY_PX}..{MAX_DISPLAY_PX}"
+                )
+        if self.width_px % 8:
+            raise ConfigError(f"display width {self.width_px}px must be a multiple of 8")
+
+
+@dataclass(frozen=True, slots=True)
+class BootImage:
+    """A built, read-only base image and what is needed to boot it directly.
+
+    Attributes:
+        name: recipe name, e.g. ``"debian12-desktop"``.
+        content_hash: sha256 hex of the recipe (and builder) the image was built from.
+        base_path: qcow2 base disk; sessions put an overlay on it and never write to it.
+        kernel_path: kernel for direct boot (``vmlinuz``).
+        initrd_path: initial ramdisk for direct boot.
+        kernel_cmdline: base kernel command line; the session appends its own parameters
+            (``deskvm.display=WxH``).
+        background_rgb: the desktop's root-window colour, used by the readiness frame check.
+    """
+
+    name: str
+    content_hash: str
+    base_path: Path
+    kernel_path: Path
+    initrd_path: Path
+    kernel_cmdline: str = "root=/dev/vda rw console=ttyS0,115200"
+    background_rgb: tuple[int, int, int] = (0x2E, 0x4A, 0x62)
+
+
+MAX_EGRESS_ENTRIES = 256
+
+_LABEL_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_PORT_RE = re.compile(r"^[0-9]{1,5}$")
+
+
+@dataclass(frozen=True, slots=True)
+class CidrAllow:
+    """A parsed ``CIDR[:port]`` allow entry.
+
+    Attributes:
+        entry: the entry as written by the client.
+        network: the destination network (host bits must be zero).
+        port: TCP destination port, or ``None`` for any port.
+    """
+
+    entry: str
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network
+    port: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DomainAllow:
+    """A parsed domain allow entry (``example.org`` or ``*.example.org``, optional ``:port``).
+
+    Attributes:
+        entry: the entry as written by the client.
+        name: lower-case ASCII (punycode) name without the ``*.`` and without a trailing dot.
+        wildcard: ``True`` for ``*.name``: any subdomain of ``name`` (not ``name`` itself).
+        port: TCP destination port, or ``None`` for any port.
+    """
+
+    entry: str
+    name: str
+    wildcard: bool
+    port: int | None
+
+
+def _parse_port(entry: str, text: str) -> int:
+    if not _PORT_RE.match(text) or not 1 <= int(text) <= 65535:
+        raise ConfigError(f"egress entry {entry!r}: port {text!r} is not in 1..65535")
+    return int(text)
+
+
+# Never allowed, whatever the entry says (loopback, link-local incl. cloud metadata,
+# multicast, unspecified/reserved). Private ranges are allowed when an entry names them.
+_NEVER_ALLOWED: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+        "::/128",
+        "::1/128",
+        "fe80::/10",
+        "ff00::/8",
+        "::ffff:0:0/96",
+    )
+)
+
+
+def _parse_cidr(entry: str) -> CidrAllow:
+    text, port_text = entry, None
+    if entry.startswith("["):
+        close = entry.find("]")
+        if close < 0:
+            raise ConfigError(f"egress entry {entry!r}: missing ']'")
+        text, rest = entry[1:close], entry[close + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise ConfigError(f"egress entry {entry!r}: expected ':port' after ']'")
+            port_text = rest[1:]
+        if ":" not in text:
+            raise ConfigError(f"egress entry {entry!r}: brackets are for IPv6 only")
+    elif entry.count(":") == 1:
+        text, port_text = entry.split(":")
+    try:
+        network = ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        raise ConfigError(f"egress entry {entry!r}: not a valid CIDR ({exc})") from exc
+    port = _parse_port(entry, port_text) if port_text is not None else None
+    for never in _NEVER_ALLOWED:
+        if network.version == never.version and network.subnet_of(never):  # type: ignore[arg-type]
+            raise ConfigError(
+                f"egress entry {entry!r}: {never} is always denied (loopback, link-local,"
+                " multicast or reserved)"
+            )
+    return CidrAllow(entry=entry, network=network, port=port)
+
+
+def _parse_domain(entry: str) -> DomainAllow:
+    text, port = entry, None
+    if ":" in entry:
+        text, port_text = entry.rsplit(":", 1)
+        port = _parse_port(entry, port_text)
+    text = text.lower()
+    wildcard = text.startswith("*.")
+    name = text[2:] if wildcard else text
+    name = name.removesuffix(".")
+    labels = name.split(".")
+    if len(name) > 253 or len(labels) < 2:
+        raise ConfigError(f"egress entry {entry!r}: a domain needs at least two labels")
+    for label in labels:
+        if not _LABEL_RE.match(label):
+            raise ConfigError(
+                f"egress entry {entry!r}: label {label!r} is not a valid DNS label"
+                " (ASCII letters, digits, '-'; use punycode for IDNs)"
+            )
+    if labels[-1].isdigit():
+        raise ConfigError(f"egress entry {entry!r}: looks like an address, not a domain")
+    return DomainAllow(entry=entry, name=name, wildcard=wildcard, port=port)
+
+
+def parse_egress_entry(entry: str) -> CidrAllow | DomainAllow:
+    """Parse one allow entry.
+
+    Accepted forms: ``198.51.100.0/24``, ``198.51.100.7/32:443``, ``2001:db8::/32``,
+    ``[2001:db8::/32]:443``, ``example.org``, ``*.example.org``, ``example.org:443``.
+    A bare address counts as a host network (``/32`` or ``/128``). Ports are TCP ports
+    (only TCP is ever forwarded).
+
+    Args:
+        entry: one entry as sent by the client.
+
+    Returns:
+        A :class:`CidrAllow` or a :class:`DomainAllow`.
+
+    Raises:
+        ConfigError: the entry is malformed or names an always-denied range; the message
+            names the entry.
+    """
+    if not isinstance(entry, str):
+        raise ConfigError(f"egress entry {entry!r}: must be a string")
+    stripped = entry.strip()
+    if not stripped or len(stripped) > 300 or any(c.isspace() for c in stripped):
+        raise ConfigError(f"egress entry {entry!r}: empty, too long or contains spaces")
+    body = stripped.rsplit(":", 1)[0] if stripped.count(":") == 1 else stripped
+    if stripped.startswith("[") or stripped.count(":") > 1 or "/" in body:
+        return _parse_cidr(stripped)
+    head = body.removeprefix("*.")
+    if all(c.isdigit() or c == "." for c in head):
+        return _parse_cidr(stripped)
+    return _parse_domain(stripped)
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPolicy:
+    """Network egress a session is allowed (default: none, and then no NIC at all).
+
+    Validated on construction: a malformed entry raises :class:`ConfigError` naming it.
+    Whatever the entries say, loopback, link-local (169.254.0.0/16, cloud metadata) and the
+    host's own addresses stay denied, and private/shared ranges (RFC 1918, RFC 6598) only
+    open to a CIDR entry that lies inside them.
+
+    Attributes:
+        allow: allowlist entries, each ``CIDR[:port]`` or a domain (``example.org``,
+            ``*.example.org``, optionally ``:port``); see :func:`parse_egress_entry`.
+    """
+
+    allow: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allow, str) or not isinstance(self.allow, tuple | list):
+            raise ConfigError("egress allow must be a list of entries, not a single string")
+        if len(self.allow) > MAX_EGRESS_ENTRIES:
+            raise ConfigError(f"egress allow has more than {MAX_EGRESS_ENTRIES} entries")
+        object.__setattr__(self, "allow", tuple(self.allow))
+        for entry in self.allow:
+            parse_egress_entry(entry)
+
+    @property
+    def entries(self) -> tuple[CidrAllow | DomainAllow, ...]:
+        """All entries, parsed, in the order given."""
+        return tuple(parse_egress_entry(entry) for entry in self.allow)
+
+    @property
+    def cidrs(self) -> tuple[CidrAllow, ...]:
+        """The ``CIDR[:port]`` entries, parsed."""
+        return tuple(e for e in self.entries if isinstance(e, CidrAllow))
+
+    @property
+    def domains(self) -> tuple[DomainAllow, ...]:
+        """The domain entries, parsed."""
+        return tuple(e for e in self.entries if isinstance(e, DomainAllow))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """Everything needed to start one disposable session.
+
+    Attributes:
+        session_id: from :func:`new_session_id`; labels every host object of the session.
+        image: the resolved base image.
+        display: guest screen size.
+        memory_mib: guest RAM in MiB (hard limit enforced by the host).
+        vcpus: virtual CPUs.
+        boot_timeout_s: deadline for the desktop to be drawn.
+        egress: ``None`` means no network device at all.
+    """
+
+    session_id: str
+    image: BootImage
+    display: DisplaySpec = field(default_factory=DisplaySpec)
+    memory_mib: int = 2048
+    vcpus: int = 2
+    boot_timeout_s: float = 180.0
+    egress: EgressPolicy | None = None
+
+    def __post_init__(self) -> None:
+        validate_session_id(self.session_id)
+        if not 256 <= self.memory_mib <= 65536:
+            raise ConfigError(f"memory_mib {self.memory_mib} is outside 256..65536")
+        if not 1 <= self.vcpus <= 16:
+            raise ConfigError(f"vcpus {self.vcpus} is outside 1..16")
+        if self.boot_timeout_s <= 0:
+            raise ConfigError("boot_timeout_s must be positive")
