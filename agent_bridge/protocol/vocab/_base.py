@@ -76,7 +76,9 @@ class Vocabulary(Protocol):
         ...
 
 
-def unknown_action(schema: str, name: object, supported: Iterable[str], why: str = "") -> ProtocolError:
+def unknown_action(
+    schema: str, name: object, supported: Iterable[str], why: str = ""
+) -> ProtocolError:
     """A ``ProtocolError`` (code ``unknown_action``) that lists what ``schema`` supports."""
     head = f"unknown action {name!r} for schema {schema!r}" if why == "" else why
     return ProtocolError(f"{head}; supported: {', '.join(supported)}", code="unknown_action")
@@ -189,9 +191,7 @@ def merge_combos(combos: Iterable[KeyCombo]) -> KeyCombo:
     return KeyCombo(tuple(modifiers + others))
 
 
-def combo_of(
-    names: Sequence[str], *, alias: Callable[[str], KeyCombo] = key_to_combo
-) -> KeyCombo:
+def combo_of(names: Sequence[str], *, alias: Callable[[str], KeyCombo] = key_to_combo) -> KeyCombo:
     """One combo from key names pressed together (e.g. OpenAI ``keys: ["CTRL", "C"]``).
 
     Args:

@@ -1,4 +1,4 @@
-"""Anthropic's computer-use tool: ``computer_20241022``, ``computer_20250124``, ``computer_20251124``.
+"""Anthropic's computer-use tool, versions ``computer_20241022`` / ``_20250124`` / ``_20251124``.
 
 The request body is the ``input`` of the model's ``tool_use`` block, as is::
 
@@ -116,7 +116,9 @@ _CLICKS: Mapping[str, tuple[Button, int]] = {
 }
 
 
-def _coordinate(body: Mapping[str, Any], where: str, *, required: bool) -> tuple[int | None, int | None]:
+def _coordinate(
+    body: Mapping[str, Any], where: str, *, required: bool
+) -> tuple[int | None, int | None]:
     value = body.get("coordinate")
     if value is None:
         if required:

@@ -15,7 +15,7 @@ __all__ = ["DeskvmVocabulary"]
 
 @dataclass(frozen=True, slots=True)
 class DeskvmVocabulary:
-    """deskvm's native actions (``{"action": "click", "x": 10, "y": 20}``), see ``docs/protocol.md``.
+    """deskvm's native actions, ``{"action": "click", "x": 10, "y": 20}`` (``docs/protocol.md``).
 
     One request is exactly one action; the result is :func:`to_deskvm_result` of its result.
     """
