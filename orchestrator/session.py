@@ -125,6 +125,7 @@ class Session:
         self.boot_s: float | None = None
         self.closed_reason: str | None = None
         self._guest_log_snapshot = b""
+        self._console_snapshot = ""
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -251,6 +252,7 @@ class Session:
         if self._domain is not None:
             with contextlib.suppress(DeskvmError):
                 self._guest_log_snapshot = self._domain.read_guest_log()
+                self._console_snapshot = self._domain.console_tail(64 * 1024)
         try:
             self._hypervisor.destroy(self.id)
         except DeskvmError as exc:
@@ -272,6 +274,7 @@ class Session:
         if path is not None:
             with contextlib.suppress(OSError):
                 (path / "guest.log").write_bytes(self._guest_log_snapshot)
+                (path / "console.log").write_text(self._console_snapshot)
 
     # --- observation ----------------------------------------------------------------
 
@@ -390,11 +393,15 @@ class Session:
 
     def _capture(self, source: Source, box: tuple[int, int, int, int] | None = None) -> ImageResult:
         assert self._domain is not None
+        pts_ns = self._clock.monotonic_ns()
         image = self._domain.display.screendump()
-        frame_seq = self._record_frame(image, reason="screenshot", source=source)
+        png = encode_png(image)
+        frame_seq = self._recorder.add_frame(
+            png, pts_ns=pts_ns, reason="screenshot", source=source
+        ).seq
         if box is not None:
             image = image.crop(box)
-        png = encode_png(image)
+            png = encode_png(image)
         return ImageResult(image.width, image.height, "image/png", png, frame_seq)
 
     def _record_frame(self, image: Image.Image, *, reason: str, source: Source) -> int:

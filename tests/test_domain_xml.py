@@ -1,0 +1,65 @@
+"""The session domain XML, pinned by golden files (update: DESKVM_UPDATE_GOLDEN=1)."""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hypervisor.base import NicAttachment, SessionPaths
+from orchestrator.hypervisor.domain_xml import domain_name, render_domain_xml, session_id_of
+from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
+
+GOLDEN = Path(__file__).parent / "golden"
+IMAGE = BootImage(
+    name="debian12-desktop",
+    content_hash="ab" * 32,
+    base_path=Path("/var/lib/deskvm/images/debian12-desktop/abab/base.qcow2"),
+    kernel_path=Path("/var/lib/deskvm/images/debian12-desktop/abab/vmlinuz"),
+    initrd_path=Path("/var/lib/deskvm/images/debian12-desktop/abab/initrd.img"),
+)
+SPEC = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1280, 800), memory_mib=2048, vcpus=2)
+PATHS = SessionPaths.under(Path("/var/lib/deskvm/sessions"), "abcdef012345")
+CREATED = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("DESKVM_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; review and update with DESKVM_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("accel", ["tcg", "kvm"])
+def test_domain_xml_golden(accel: str) -> None:
+    check_golden(f"domain-{accel}.xml", render_domain_xml(SPEC, PATHS, accel=accel, created=CREATED))  # type: ignore[arg-type]
+
+
+def test_domain_xml_with_nic_golden() -> None:
+    nic = NicAttachment(bridge="dvm-abcdef012345", mac="52:54:00:12:34:56")
+    check_golden("domain-nic.xml", render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED, nic=nic))
+
+
+def test_no_network_device_no_host_sharing_without_a_policy() -> None:
+    root = ET.fromstring(render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED))
+    devices = root.find("devices")
+    assert devices is not None
+    assert devices.findall("interface") == []
+    for forbidden in ("filesystem", "hostdev", "redirdev", "smartcard", "shmem", "graphics"):
+        assert devices.findall(forbidden) == [], forbidden
+    disks = devices.findall("disk")
+    assert len(disks) == 1
+    assert disks[0].find("source").get("file") == str(PATHS.overlay)  # type: ignore[union-attr]
+    tablet = [i for i in devices.findall("input") if i.get("type") == "tablet"]
+    assert tablet and tablet[0].get("bus") == "usb"
+    assert root.findtext("memory") == "2048" and root.find("memory").get("unit") == "MiB"  # type: ignore[union-attr]
+    assert "deskvm.display=1280x800" in (root.findtext("os/cmdline") or "")
+
+
+def test_domain_names_carry_the_session_id() -> None:
+    assert domain_name("abcdef012345") == "deskvm-abcdef012345"
+    assert session_id_of("deskvm-abcdef012345") == "abcdef012345"
+    assert session_id_of("someone-else") is None

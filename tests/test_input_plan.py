@@ -1,0 +1,86 @@
+"""Action -> paced input events: every press has its release, modifiers wrap the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_bridge.protocol import parse_deskvm_action
+from orchestrator.display.base import ABS_MAX, AbsMove, ButtonEvent, KeyEvent, WheelEvent, pixel_to_abs
+from orchestrator.input_plan import Pacing, plan_action
+
+PACING = Pacing()
+
+
+def events(body: dict[str, object]) -> list[object]:
+    return [e for step in plan_action(parse_deskvm_action(body), PACING) for e in step.events]
+
+
+def test_key_combo_presses_modifiers_first_and_releases_in_reverse() -> None:
+    assert events({"action": "key", "keys": "ctrl+shift+t"}) == [
+        KeyEvent("ctrl", True), KeyEvent("shift", True), KeyEvent("t", True),
+        KeyEvent("t", False), KeyEvent("shift", False), KeyEvent("ctrl", False),
+    ]  # fmt: skip
+
+
+def test_each_transition_is_its_own_paced_batch() -> None:
+    steps = plan_action(parse_deskvm_action({"action": "type", "text": "aB"}), PACING)
+    assert all(len(s.events) == 1 and s.pause_s == PACING.key_s for s in steps)
+    assert len(steps) == 2 + 4
+
+
+def test_double_click_is_two_press_release_pairs_at_one_point() -> None:
+    assert events({"action": "double_click", "x": 3, "y": 4}) == [
+        AbsMove(3, 4),
+        ButtonEvent("left", True), ButtonEvent("left", False),
+        ButtonEvent("left", True), ButtonEvent("left", False),
+    ]  # fmt: skip
+
+
+def test_drag_moves_through_every_point_with_the_button_down() -> None:
+    got = events({"action": "drag", "path": [[0, 0], [5, 5], [10, 0]]})
+    assert got == [
+        AbsMove(0, 0), ButtonEvent("left", True), AbsMove(5, 5), AbsMove(10, 0),
+        ButtonEvent("left", False),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("dx", "dy", "expected"),
+    [(0, 1, ["down"]), (0, -1, ["up"]), (0, 5, ["down"] * 5), (0, -20, ["up"] * 20),
+     (3, 0, ["right"] * 3), (-3, 0, ["left"] * 3)],
+)  # fmt: skip
+def test_scroll_sign_and_amount(dx: int, dy: int, expected: list[str]) -> None:
+    got = events({"action": "scroll", "dx": dx, "dy": dy})
+    assert got == [WheelEvent(d) for d in expected]  # type: ignore[arg-type]
+
+
+def test_every_plan_releases_what_it_presses() -> None:
+    for body in (
+        {"action": "type", "text": "Hello, World! ~{}|"},
+        {"action": "key", "keys": "ctrl+alt+shift+Delete super"},
+        {"action": "hold_key", "keys": "shift+a", "duration_ms": 100},
+        {"action": "click", "x": 1, "y": 1, "hold": "ctrl+shift", "count": 3},
+        {"action": "scroll", "x": 1, "y": 1, "dy": 2, "hold": "ctrl"},
+    ):
+        down: set[str] = set()
+        for e in events(body):
+            if isinstance(e, KeyEvent | ButtonEvent):
+                name = e.qcode if isinstance(e, KeyEvent) else e.button
+                (down.add if e.down else down.discard)(name)
+        assert down == set(), body
+
+
+def test_hold_key_holds_for_the_duration() -> None:
+    steps = plan_action(parse_deskvm_action({"action": "hold_key", "keys": "a", "duration_ms": 750}), PACING)
+    assert steps[0].events == (KeyEvent("a", True),)
+    assert steps[0].pause_s == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("size", [320, 640, 800, 1024, 1080, 1280, 1920, 4096])
+def test_pixel_to_abs_lands_on_the_same_pixel_both_ways(size: int) -> None:
+    for pixel in {0, 1, size // 2, size - 2, size - 1}:
+        value = pixel_to_abs(pixel, size)
+        assert 0 <= value <= ABS_MAX
+        # QEMU's tablet scales with (value * size) / 0x8000 (floor), X with value*(size-1)/0x7fff.
+        assert value * size // (ABS_MAX + 1) == pixel
+        assert round(value * (size - 1) / ABS_MAX) == pixel
