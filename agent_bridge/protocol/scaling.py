@@ -4,21 +4,25 @@ A session may send screenshots scaled to a *client size* (a target size, or the 
 :func:`scaled_size` computes for a maximum long edge). The agent then gives coordinates in
 the scaled image; :class:`Scaler` maps them to the display's pixels and back.
 
-The mapping, per axis, for a display of ``D`` pixels shown as ``C`` client pixels
-(integer arithmetic, no floating point)::
+The mapping, per axis, for a display of ``D`` pixels shown as ``C`` client pixels, is the
+straight line through the first and the last pixel centres, rounded half up (integer
+arithmetic, no floating point)::
 
-    to_display(c) = floor((c + 1/2) * D / C) = ((2c + 1) * D) // (2C)
-    to_client(d)  = floor((d + 1/2) * C / D) = ((2d + 1) * C) // (2D)
+    to_display(c) = round(c * (D - 1) / (C - 1)) = (2c(D - 1) + (C - 1)) // (2(C - 1))
+    to_client(d)  = round(d * (C - 1) / (D - 1)) = (2d(C - 1) + (D - 1)) // (2(D - 1))
 
-That is: take the centre of the pixel, scale it, and take the pixel it lands in. Hence
+Hence
 
-* ``0 -> 0`` and ``C - 1 -> D - 1``: corners map to corners; every valid coordinate maps
-  inside the screen (``0 <= to_display(c) <= D - 1``), no clamping needed;
+* ``0 -> 0`` and ``C - 1 -> D - 1`` for every pair of sizes: corners map to corners, every
+  valid coordinate maps inside the screen (``0 <= to_display(c) <= D - 1``), no clamping;
 * display 1280 shown as 1024: ``512 -> 640`` (the centre maps to the centre);
+* with ``D >= C`` the display pixel chosen overlaps the area ``[c * D/C, (c + 1) * D/C)``
+  that the client pixel shows;
 * the round trip from the smaller space is exact: with ``D >= C`` (screenshots scaled
   down, the usual case) ``to_client(to_display(c)) == c`` for every client pixel, and
   with ``D <= C``, ``to_display(to_client(d)) == d``. The other way is lossy by nature
   (several display pixels share one client pixel); it lands within ``ceil(D / C)`` pixels.
+* an axis of a single pixel maps everything to pixel 0.
 
 Regions (``zoom``) are half-open ``[x0, x1)``; their edges scale outward (``floor`` for
 the start, ``ceil`` for the end) so the display region covers everything the client
@@ -84,7 +88,9 @@ def scaled_size(width_px: int, height_px: int, max_long_edge_px: int) -> tuple[i
 
 def _scale(value: int, src: int, dst: int) -> int:
     """Pixel ``value`` of an axis of ``src`` pixels to the axis of ``dst`` pixels."""
-    return ((2 * value + 1) * dst) // (2 * src)
+    if src == 1:
+        return 0
+    return (2 * value * (dst - 1) + (src - 1)) // (2 * (src - 1))
 
 
 @dataclass(frozen=True, slots=True)
