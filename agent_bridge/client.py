@@ -1,0 +1,607 @@
+"""Synchronous Python client of the bridge, for QA scripts, notebooks and pytest.
+
+::
+
+    from agent_bridge import Client
+
+    with Client("http://127.0.0.1:8765", token) as client:
+        with client.create_session(width=1280, height=800) as session:
+            session.click(200, 150)
+            session.type("echo hi\\n")
+            shot = session.screenshot()          # Screenshot(width, height, mime, png)
+    # leaving the inner block deleted the session; the outer one closed the HTTP client
+
+REST calls go through one ``httpx.Client``; actions go over one WebSocket per
+:class:`Session` (``websockets.sync.client``), opened on first use. Errors::
+
+    DeskvmError (orchestrator.errors)
+    ├── RemoteError            the server answered an error (REST body or WS error reply);
+    │                          ``code`` is the server's code (``out_of_screen``...)
+    ├── BridgeConnectionError  transport failure: refused, reset, timed out, handshake denied,
+    │                          WebSocket closed (``close_code``, ``close_reason``)
+    └── SessionClosed          the server closed the WebSocket because the session ended (1001)
+
+``httpx`` and ``websockets`` exceptions never escape: they are translated here, with the
+original as ``__cause__``. See ``docs/protocol.md`` for the wire protocol.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import httpx
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
+
+from orchestrator.errors import DeskvmError, SessionClosed
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+__all__ = [
+    "BridgeConnectionError",
+    "Client",
+    "Health",
+    "RemoteError",
+    "Screenshot",
+    "Session",
+    "SessionInfo",
+]
+
+_CLOSE_GOING_AWAY = 1001
+_MAX_REPLY_BYTES = 64 * 1024 * 1024  # a 4096x4096 PNG, base64, fits
+_BOOT_MARGIN_S = 30.0
+
+ButtonName = Literal["left", "middle", "right", "back", "forward"]
+
+
+class RemoteError(DeskvmError):
+    """The server answered with an error.
+
+    Attributes:
+        code: the server's error code (``"out_of_screen"``, ``"image_not_found"``...).
+        status: HTTP status for REST errors, ``None`` for WebSocket error replies.
+        body: the server's ``error`` object as received (may hold ``console_tail``,
+            ``details``).
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int | None = None,
+        body: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+        self.body: dict[str, Any] = dict(body or {})
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class BridgeConnectionError(DeskvmError):
+    """The server could not be reached, or the connection failed or closed.
+
+    Attributes:
+        close_code: the WebSocket close code, when a WebSocket closed (RFC 6455 7.4).
+        close_reason: the close frame's reason text.
+    """
+
+    code = "connection_error"
+
+    def __init__(
+        self, message: str, *, close_code: int | None = None, close_reason: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.close_code = close_code
+        self.close_reason = close_reason
+
+
+@dataclass(frozen=True, slots=True)
+class Screenshot:
+    """A PNG of the screen (or of a zoomed region).
+
+    Attributes:
+        width: image width, pixels.
+        height: image height, pixels.
+        mime: ``"image/png"``.
+        png: the encoded image.
+    """
+
+    width: int
+    height: int
+    mime: str
+    png: bytes
+
+    def image(self) -> Image.Image:
+        """The decoded image (needs Pillow)."""
+        import io
+
+        from PIL import Image
+
+        return Image.open(io.BytesIO(self.png))
+
+    def save(self, path: str) -> None:
+        """Write the PNG bytes to ``path``."""
+        with open(path, "wb") as f:
+            f.write(self.png)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session as ``GET /v1/sessions/{id}`` describes it.
+
+    Attributes:
+        id: session id.
+        state: ``starting``, ``ready``, ``closing``, ``closed`` or ``failed``.
+        ws_url: WebSocket URL for actions.
+        image: image name.
+        width: display width, pixels.
+        height: display height, pixels.
+        recording: recording bundle directory on the server host.
+        boot_s: seconds from domain start to ready, if it became ready.
+        cursor: last pointer position set by the host, display pixels.
+        raw: the whole JSON object (created_at, ready_at, memory_mib, vcpus...).
+    """
+
+    id: str
+    state: str
+    ws_url: str
+    image: str
+    width: int
+    height: int
+    recording: str | None
+    boot_s: float | None
+    cursor: tuple[int, int]
+    raw: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> SessionInfo:
+        """Parse the server's JSON object.
+
+        Raises:
+            BridgeConnectionError: the object is not a session description.
+        """
+        try:
+            return cls(
+                id=str(obj["id"]),
+                state=str(obj["state"]),
+                ws_url=str(obj["ws_url"]),
+                image=str(obj["image"]),
+                width=int(obj["display"]["width"]),
+                height=int(obj["display"]["height"]),
+                recording=obj.get("recording"),
+                boot_s=obj.get("boot_s"),
+                cursor=(int(obj["cursor"]["x"]), int(obj["cursor"]["y"])),
+                raw=dict(obj),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BridgeConnectionError(f"unexpected session description: {obj!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """``GET /healthz``: ``ok`` and the number of live sessions."""
+
+    ok: bool
+    sessions: int
+
+
+def _raise_for_error(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        error, code, message = {}, "http_error", response.text[:500]
+    raise RemoteError(code, message, status=response.status_code, body=error)
+
+
+class Client:
+    """REST client of one bridge server.
+
+    Args:
+        url: the server's base URL, e.g. ``"http://127.0.0.1:8765"``.
+        token: the server's bearer token (sent as ``Authorization: Bearer``, never in URLs).
+        timeout_s: timeout of each REST call and each WebSocket reply, seconds (a ``wait``
+            or ``hold_key`` action gets its own duration on top).
+        transport: an ``httpx`` transport, for tests (e.g. ``httpx.MockTransport``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._token = token
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:  # never show the token
+        return f"Client({self.url!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the HTTP connection pool (sessions stay on the server)."""
+        self._http.close()
+
+    def _request(
+        self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method,
+                path,
+                timeout=timeout_s if timeout_s is not None else self.timeout_s,
+                **kwargs,
+            )
+        except httpx.TimeoutException as exc:
+            raise BridgeConnectionError(f"{method} {path}: timed out ({exc})") from exc
+        except httpx.HTTPError as exc:
+            raise BridgeConnectionError(f"{method} {path}: {exc}") from exc
+        _raise_for_error(response)
+        return response
+
+    # --- sessions -----------------------------------------------------------------------
+
+    def create_session(
+        self,
+        image: str | None = None,
+        width: int = 1280,
+        height: int = 800,
+        memory_mib: int = 2048,
+        vcpus: int = 2,
+        boot_timeout_s: float | None = None,
+    ) -> Session:
+        """Create a session and wait until its desktop is drawn.
+
+        Args:
+            image: built image name; ``None`` for the server's default.
+            width: display width, pixels (multiple of 8, 320..4096).
+            height: display height, pixels (320..4096).
+            memory_mib: guest RAM, MiB.
+            vcpus: virtual CPUs.
+            boot_timeout_s: boot deadline, seconds; ``None`` for the server's default.
+                The HTTP call waits this long plus a margin (or 15 minutes without one).
+
+        Returns:
+            The ready session (its WebSocket opens on the first action).
+
+        Raises:
+            RemoteError: ``image_not_found`` (404), ``invalid_request`` (422),
+                ``over_capacity`` (503), ``boot_timeout`` (504, ``body["console_tail"]``),
+                ``hypervisor_error`` (502).
+            BridgeConnectionError: the server is unreachable.
+        """
+        body: dict[str, Any] = {
+            "display": {"width": width, "height": height},
+            "memory_mib": memory_mib,
+            "vcpus": vcpus,
+        }
+        if image is not None:
+            body["image"] = image
+        if boot_timeout_s is not None:
+            body["boot_timeout_s"] = boot_timeout_s
+        wait_s = (boot_timeout_s + _BOOT_MARGIN_S) if boot_timeout_s is not None else 900.0
+        response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
+        return Session(self, SessionInfo.from_json(response.json()))
+
+    def attach(self, session_id: str, *, schema: str = "deskvm") -> Session:
+        """A client-side handle on an existing session (e.g. created by someone else).
+
+        Raises:
+            RemoteError: ``session_not_found``.
+        """
+        return Session(self, self.get_session(session_id), schema=schema)
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Live sessions, then recently ended ones."""
+        return [SessionInfo.from_json(o) for o in self._request("GET", "/v1/sessions").json()]
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        """One session.
+
+        Raises:
+            RemoteError: ``session_not_found`` (404).
+        """
+        return SessionInfo.from_json(self._request("GET", f"/v1/sessions/{session_id}").json())
+
+    def delete_session(self, session_id: str) -> SessionInfo:
+        """End a session (fine for an ended one); returns its final description.
+
+        Raises:
+            RemoteError: ``session_not_found`` (404), ``hypervisor_error`` (502, teardown
+                incomplete).
+        """
+        response = self._request("DELETE", f"/v1/sessions/{session_id}")
+        return SessionInfo.from_json(response.json())
+
+    def guest_log(self, session_id: str, *, offset: int = 0) -> str:
+        """What the guest wrote to ``/dev/ttyS1`` from byte ``offset`` on."""
+        path = f"/v1/sessions/{session_id}/guest-log"
+        return self._request("GET", path, params={"offset": offset}).text
+
+    def health(self) -> Health:
+        """``GET /healthz``."""
+        obj = self._request("GET", "/healthz").json()
+        return Health(ok=bool(obj.get("ok")), sessions=int(obj.get("sessions", 0)))
+
+    def _connect_ws(self, ws_url: str, schema: str) -> ClientConnection:
+        url = ws_url if schema == "deskvm" else f"{ws_url}?schema={schema}"
+        try:
+            return connect(
+                url,
+                additional_headers={"Authorization": f"Bearer {self._token}"},
+                subprotocols=[Subprotocol("deskvm.v1")],
+                open_timeout=self.timeout_s,
+                max_size=_MAX_REPLY_BYTES,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            raise BridgeConnectionError(
+                f"WebSocket handshake to {ws_url} refused with HTTP {status}"
+                + (" (wrong token?)" if status in (401, 403) else "")
+            ) from exc
+        except (InvalidHandshake, OSError, TimeoutError) as exc:
+            raise BridgeConnectionError(f"cannot open WebSocket {ws_url}: {exc}") from exc
+
+
+class Session:
+    """One session, driven over its WebSocket. A context manager deleting it on exit.
+
+    Coordinates are display pixels, origin top-left; scroll amounts are wheel notches;
+    durations are milliseconds. Every action method raises :class:`RemoteError` for an
+    error reply (``out_of_screen``, ``invalid_action``...; the session stays usable),
+    :class:`~orchestrator.errors.SessionClosed` if the session ended, and
+    :class:`BridgeConnectionError` for transport failures.
+
+    Args:
+        client: the REST client it belongs to.
+        info: the session's description.
+        schema: the WebSocket ``schema``; the typed methods need ``deskvm``, :meth:`request`
+            works with any.
+    """
+
+    def __init__(self, client: Client, info: SessionInfo, *, schema: str = "deskvm") -> None:
+        self.client = client
+        self.info_at_start = info
+        self.id = info.id
+        self.schema = schema
+        self._ws: ClientConnection | None = None
+        self._ids: Iterator[int] = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.delete()
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _socket(self) -> ClientConnection:
+        if self._ws is None:
+            self._ws = self.client._connect_ws(self.info_at_start.ws_url, self.schema)
+        return self._ws
+
+    def close(self) -> None:
+        """Close the WebSocket (the session stays on the server)."""
+        if self._ws is not None:
+            ws, self._ws = self._ws, None
+            ws.close()
+
+    def delete(self) -> SessionInfo | None:
+        """Close the WebSocket and delete the session; ``None`` if it was already gone."""
+        self.close()
+        try:
+            return self.client.delete_session(self.id)
+        except RemoteError as exc:
+            if exc.code == "session_not_found":
+                return None
+            raise
+
+    def _closed_error(self, exc: ConnectionClosed) -> DeskvmError:
+        self._ws = None
+        close = exc.rcvd
+        code, reason = (close.code, close.reason) if close is not None else (None, "")
+        if code == _CLOSE_GOING_AWAY:
+            return SessionClosed(f"session {self.id} ended: {reason}")
+        return BridgeConnectionError(
+            f"WebSocket of session {self.id} closed ({code} {reason})".rstrip(),
+            close_code=code,
+            close_reason=reason,
+        )
+
+    def request(self, message: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:
+        """Send one request and return the ``result`` of its reply.
+
+        Args:
+            message: ``{"action": ..., ...params}``; an ``id`` is added if missing.
+            timeout_s: how long to wait for the reply (default: the client's timeout).
+
+        Returns:
+            The reply's ``result`` object (a dict for deskvm; vendor schemas may differ).
+
+        Raises:
+            RemoteError: the reply is an error (``code`` from the server).
+            SessionClosed: the server closed the WebSocket because the session ended.
+            BridgeConnectionError: transport failure or no reply within ``timeout_s``.
+        """
+        payload = dict(message)
+        request_id = payload.setdefault("id", next(self._ids))
+        ws = self._socket()
+        deadline_s = timeout_s if timeout_s is not None else self.client.timeout_s
+        try:
+            ws.send(json.dumps(payload))
+            while True:
+                try:
+                    text = ws.recv(timeout=deadline_s)
+                except TimeoutError as exc:
+                    raise BridgeConnectionError(
+                        f"no reply to {payload.get('action')!r} within {deadline_s:.0f} s"
+                    ) from exc
+                reply = json.loads(text)
+                # Replies to requests that timed out earlier, or refusals with id null
+                # (sent just before a close), may precede ours.
+                if reply.get("id") == request_id or (
+                    reply.get("id") is None and not reply.get("ok", True)
+                ):
+                    break
+        except ConnectionClosed as exc:
+            raise self._closed_error(exc) from exc
+        except (ValueError, AttributeError) as exc:
+            raise BridgeConnectionError(f"malformed reply from the server: {exc}") from exc
+        if reply.get("ok"):
+            return reply.get("result", {})
+        error = reply.get("error") or {}
+        raise RemoteError(
+            str(error.get("code", "unknown_error")), str(error.get("message", "")), body=error
+        )
+
+    def _do(self, action: str, *, extra_wait_ms: int = 0, **params: Any) -> dict[str, Any]:
+        message = {"action": action, **{k: v for k, v in params.items() if v is not None}}
+        timeout_s = self.client.timeout_s + extra_wait_ms / 1000
+        result: dict[str, Any] = self.request(message, timeout_s=timeout_s)
+        return result
+
+    @staticmethod
+    def _image(result: Mapping[str, Any]) -> Screenshot:
+        return Screenshot(
+            width=int(result["width"]),
+            height=int(result["height"]),
+            mime=str(result["mime"]),
+            png=base64.b64decode(result["data"]),
+        )
+
+    # --- actions ------------------------------------------------------------------------
+
+    def screenshot(self) -> Screenshot:
+        """The whole screen as PNG."""
+        return self._image(self._do("screenshot"))
+
+    def zoom(self, region: Sequence[int]) -> Screenshot:
+        """A full-resolution crop of ``region`` = ``(x0, y0, x1, y1)``, x1/y1 exclusive."""
+        return self._image(self._do("zoom", region=list(region)))
+
+    def move(self, x: int, y: int) -> None:
+        """Move the pointer to ``(x, y)``."""
+        self._do("move", x=x, y=y)
+
+    def click(
+        self,
+        x: int | None = None,
+        y: int | None = None,
+        button: ButtonName = "left",
+        count: int = 1,
+        *,
+        hold: str | None = None,
+    ) -> None:
+        """Click ``count`` (1..3) times at ``(x, y)`` (or where the pointer is).
+
+        Args:
+            x: pixels from the left; ``None`` with ``y`` ``None``: the current position.
+            y: pixels from the top.
+            button: which button.
+            count: 1, 2 (double) or 3 (triple).
+            hold: keys held during the click, e.g. ``"shift"``.
+        """
+        self._do("click", x=x, y=y, button=button, count=count, hold=hold)
+
+    def double_click(
+        self, x: int | None = None, y: int | None = None, button: ButtonName = "left"
+    ) -> None:
+        """Two clicks at ``(x, y)``."""
+        self._do("double_click", x=x, y=y, button=button)
+
+    def triple_click(
+        self, x: int | None = None, y: int | None = None, button: ButtonName = "left"
+    ) -> None:
+        """Three clicks at ``(x, y)`` (selects a line in most toolkits)."""
+        self._do("triple_click", x=x, y=y, button=button)
+
+    def mouse_down(
+        self, button: ButtonName = "left", x: int | None = None, y: int | None = None
+    ) -> None:
+        """Press ``button`` (at ``(x, y)`` if given) and keep it pressed."""
+        self._do("mouse_down", button=button, x=x, y=y)
+
+    def mouse_up(
+        self, button: ButtonName = "left", x: int | None = None, y: int | None = None
+    ) -> None:
+        """Release ``button`` (at ``(x, y)`` if given)."""
+        self._do("mouse_up", button=button, x=x, y=y)
+
+    def type(self, text: str, secret: bool = False) -> None:
+        """Type ``text`` (``\\n`` is Return, ``\\t`` Tab); ``secret`` is not recorded in clear."""
+        self._do("type", text=text, secret=secret, extra_wait_ms=len(text) * 50)
+
+    def key(self, keys: str) -> None:
+        """Press key combos in order, e.g. ``"ctrl+shift+t"`` or ``"ctrl+a ctrl+c"``."""
+        self._do("key", keys=keys)
+
+    def hold_key(self, keys: str, duration_ms: int) -> None:
+        """Hold ``keys`` down for ``duration_ms`` milliseconds."""
+        self._do("hold_key", keys=keys, duration_ms=duration_ms, extra_wait_ms=duration_ms)
+
+    def scroll(self, x: int | None = None, y: int | None = None, dx: int = 0, dy: int = 0) -> None:
+        """Turn the wheel ``dy`` notches down (negative: up) and ``dx`` right at ``(x, y)``."""
+        self._do("scroll", x=x, y=y, dx=dx, dy=dy)
+
+    def drag(self, path: Sequence[Sequence[int]], button: ButtonName = "left") -> None:
+        """Press at ``path[0]``, move through every point, release at ``path[-1]``."""
+        self._do("drag", path=[list(p) for p in path], button=button)
+
+    def wait(self, ms: int) -> None:
+        """Let the server wait ``ms`` milliseconds (recorded; the reply comes after)."""
+        self._do("wait", ms=ms, extra_wait_ms=ms)
+
+    def cursor_position(self) -> tuple[int, int]:
+        """Where the host last put the pointer, display pixels."""
+        result = self._do("cursor_position")
+        return int(result["x"]), int(result["y"])
+
+    # --- REST shortcuts -----------------------------------------------------------------
+
+    def guest_log(self) -> str:
+        """What the guest wrote to ``/dev/ttyS1`` so far."""
+        return self.client.guest_log(self.id)
+
+    def info(self) -> SessionInfo:
+        """The session's current description (state, recording, cursor...)."""
+        return self.client.get_session(self.id)

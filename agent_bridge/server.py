@@ -1,0 +1,850 @@
+"""The bridge server: REST for session lifecycle, one WebSocket per agent for actions.
+
+:func:`create_app` wraps a :class:`~orchestrator.manager.SessionManager` in a FastAPI
+application; :func:`run_server` serves it with uvicorn. The wire protocol is documented in
+``docs/protocol.md``; the OpenAPI schema of the REST part is served at ``/openapi.json``
+(and ``/docs``).
+
+Layering: this module translates between HTTP/WebSocket and the orchestrator. Parsing of
+action messages is the pure :mod:`agent_bridge.protocol` layer's job; executing them is
+:meth:`orchestrator.session.Session.execute`'s. Blocking calls into the orchestrator
+(booting, acting, tearing down) run in worker threads so the event loop stays responsive.
+
+Errors: every :class:`~orchestrator.errors.DeskvmError` becomes a JSON body
+``{"error": {"code", "message"}}`` with the status of :data:`STATUS_BY_CODE` (REST) or an
+error reply ``{"id", "ok": false, "error": {...}}`` (WebSocket). The bearer token is never
+logged, never echoed and never read from the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import importlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, Protocol
+
+import anyio
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Query, Request, WebSocket
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from agent_bridge.protocol.actions import Action
+from agent_bridge.protocol.messages import (
+    ClientId,
+    decode_envelope,
+    encode_error,
+    encode_result,
+    parse_deskvm_action,
+)
+from agent_bridge.protocol.results import Done, Result, to_deskvm_result
+from orchestrator.errors import (
+    BootTimeout,
+    ConfigError,
+    DeskvmError,
+    ProtocolError,
+    SessionClosed,
+    SessionNotFound,
+)
+from orchestrator.manager import SessionManager
+from orchestrator.session import Session, SessionState
+from orchestrator.settings import Settings
+from orchestrator.spec import MAX_DISPLAY_PX, MIN_DISPLAY_PX, DisplaySpec
+
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_MESSAGE_TOO_BIG",
+    "CLOSE_POLICY_VIOLATION",
+    "CLOSE_SESSION_NOT_FOUND",
+    "CLOSE_TRY_AGAIN_LATER",
+    "MAX_MESSAGE_BYTES",
+    "STATUS_BY_CODE",
+    "SUBPROTOCOL",
+    "SUBPROTOCOL_BEARER_PREFIX",
+    "CreateSessionRequest",
+    "DisplayModel",
+    "ErrorBody",
+    "HealthResponse",
+    "SessionInfo",
+    "create_app",
+    "run_server",
+]
+
+log = logging.getLogger("deskvm.bridge")
+
+MAX_MESSAGE_BYTES = 1024 * 1024
+"""Largest WebSocket message the server accepts (bytes of UTF-8); larger closes with 1009."""
+
+SUBPROTOCOL = "deskvm.v1"
+"""The WebSocket subprotocol (RFC 6455 section 1.9) echoed when the client offers it."""
+
+SUBPROTOCOL_BEARER_PREFIX = "deskvm.bearer."
+"""Browsers, which cannot set headers, offer ``deskvm.bearer.<token>`` as a subprotocol."""
+
+# WebSocket close codes (RFC 6455 section 7.4.1; 4000-4999 are private use).
+CLOSE_GOING_AWAY = 1001
+"""The session ended (deleted, failed, server shutting down)."""
+CLOSE_POLICY_VIOLATION = 1008
+"""Bad credentials (sent before the handshake completes: HTTP 403), unknown ``schema`` or
+``on_disconnect`` value."""
+CLOSE_MESSAGE_TOO_BIG = 1009
+"""A message larger than :data:`MAX_MESSAGE_BYTES`."""
+CLOSE_TRY_AGAIN_LATER = 1013
+"""The session is still booting."""
+CLOSE_SESSION_NOT_FOUND = 4404
+"""No session with that id."""
+
+_STATE_POLL_S = 0.2
+_CLOSE_REASON_MAX_BYTES = 123  # RFC 6455 section 5.5: control frame payload <= 125 bytes
+_IMAGE_NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+_ENDED: frozenset[SessionState] = frozenset({"closing", "closed", "failed"})
+
+STATUS_BY_CODE: dict[str, int] = {
+    "invalid_request": 422,
+    "invalid_config": 422,
+    "image_not_found": 404,
+    "session_not_found": 404,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "unauthorized": 401,
+    "session_closed": 409,
+    "over_capacity": 503,
+    "boot_timeout": 504,
+    "hypervisor_error": 502,
+    "display_error": 502,
+    "egress_error": 502,
+    "recorder_error": 500,
+    "internal_error": 500,
+}
+"""HTTP status of each error ``code`` on the REST side; unlisted codes answer 500, unlisted
+:class:`~orchestrator.errors.ProtocolError` codes 400."""
+
+
+# --- wire models (the HTTP edge) -------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class DisplayModel(_Strict):
+    """Guest screen size in pixels (origin top-left); width a multiple of 8."""
+
+    width: int = Field(1280, ge=MIN_DISPLAY_PX, le=MAX_DISPLAY_PX, description="pixels")
+    height: int = Field(800, ge=MIN_DISPLAY_PX, le=MAX_DISPLAY_PX, description="pixels")
+
+
+class CreateSessionRequest(_Strict):
+    """Body of ``POST /v1/sessions``; every field is optional."""
+
+    image: str | None = Field(
+        None,
+        pattern=_IMAGE_NAME_RE,
+        description="built image name; default: the server's default image",
+    )
+    display: DisplayModel = Field(default_factory=lambda: DisplayModel(width=1280, height=800))
+    memory_mib: int = Field(2048, ge=256, le=65536, description="guest RAM, MiB")
+    vcpus: int = Field(2, ge=1, le=16, description="virtual CPUs")
+    boot_timeout_s: float | None = Field(
+        None, gt=0, le=3600, description="seconds until the desktop must be drawn"
+    )
+
+
+class CursorModel(BaseModel):
+    """Pointer position as last placed by the host, display pixels."""
+
+    x: int
+    y: int
+
+
+class SessionInfo(BaseModel):
+    """A session as the REST API shows it."""
+
+    id: str
+    state: Literal["new", "starting", "ready", "closing", "closed", "failed"]
+    ws_url: str = Field(description="WebSocket URL for actions (add ?schema=... if needed)")
+    image: str
+    display: DisplayModel
+    memory_mib: int
+    vcpus: int
+    accel: str
+    created_at: datetime | None = Field(description="UTC, when the server registered it")
+    ready_at: datetime | None = Field(description="UTC, when the desktop was first drawn")
+    boot_s: float | None = Field(description="seconds from domain start to ready")
+    recording: str | None = Field(description="recording bundle directory (kept after end)")
+    cursor: CursorModel
+    closed_reason: str | None
+
+
+class HealthResponse(BaseModel):
+    """``GET /healthz``."""
+
+    ok: bool
+    sessions: int = Field(description="live sessions (starting or ready)")
+
+
+class ErrorDetail(BaseModel):
+    """The ``error`` object of every error body."""
+
+    code: str
+    message: str
+    console_tail: str | None = Field(None, description="boot_timeout only: guest console tail")
+    details: list[Any] | None = Field(None, description="invalid_request only: field errors")
+
+
+class ErrorBody(BaseModel):
+    """Every REST error answers ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (401, 404, 409, 422, 502, 503, 504)
+}
+
+
+# --- vocabulary plug-in ----------------------------------------------------------------
+
+
+class _Vocabulary(Protocol):
+    """What the WebSocket handler needs of a vocabulary (see ``protocol/vocab``)."""
+
+    def parse(self, body: Mapping[str, Any]) -> tuple[Action, ...]: ...
+
+    def format_result(
+        self, body: Mapping[str, Any], results: Sequence[Result]
+    ) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _DeskvmFallback:
+    """deskvm's own actions, used when ``agent_bridge.protocol.vocab`` is not available."""
+
+    name: str = "deskvm"
+
+    def parse(self, body: Mapping[str, Any]) -> tuple[Action, ...]:
+        return (parse_deskvm_action(body),)
+
+    def format_result(self, body: Mapping[str, Any], results: Sequence[Result]) -> dict[str, Any]:
+        return to_deskvm_result(results[-1] if results else Done())
+
+
+def _load_vocabulary(name: str) -> _Vocabulary:
+    """The vocabulary for ``?schema=name``.
+
+    Uses ``agent_bridge.protocol.vocab.get_vocabulary`` when that package provides it,
+    otherwise only ``deskvm`` is known.
+
+    Raises:
+        ProtocolError: code ``unknown_schema``.
+    """
+    try:
+        module = importlib.import_module("agent_bridge.protocol.vocab")
+    except ImportError:
+        module = None
+    get_vocabulary: Callable[[str], _Vocabulary] | None = getattr(module, "get_vocabulary", None)
+    if get_vocabulary is None:
+        if name == "deskvm":
+            return _DeskvmFallback()
+        raise ProtocolError(
+            f"unknown schema {name!r}; this server supports: deskvm", code="unknown_schema"
+        )
+    try:
+        return get_vocabulary(name)
+    except (DeskvmError, LookupError, ValueError) as exc:
+        detail = exc.message if isinstance(exc, DeskvmError) else str(exc)
+        raise ProtocolError(f"unknown schema {name!r}: {detail}", code="unknown_schema") from None
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _error_response(
+    exc: DeskvmError, *, status: int | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    detail: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if isinstance(exc, BootTimeout):
+        detail["console_tail"] = exc.console_tail
+    if status is None:
+        default = 400 if isinstance(exc, ProtocolError) else 500
+        status = STATUS_BY_CODE.get(exc.code, default)
+    if exc.code == "over_capacity":
+        headers = {"Retry-After": "5", **(headers or {})}
+    return JSONResponse({"error": detail}, status_code=status, headers=headers)
+
+
+def _plain_error(code: str, message: str, status: int, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status_code=status)
+
+
+def _token_ok(offered: str | None, token: str) -> bool:
+    if offered is None:
+        return False
+    return hmac.compare_digest(offered.encode("utf-8"), token.encode("utf-8"))
+
+
+def _bearer_from_header(value: str | None) -> str | None:
+    if value is None:
+        return None
+    scheme, _, credentials = value.partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return None
+    return credentials.strip()
+
+
+def _offered_subprotocols(websocket: WebSocket) -> list[str]:
+    header = websocket.headers.get("sec-websocket-protocol", "")
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def _close_reason(text: str) -> str:
+    data = text.encode("utf-8")[:_CLOSE_REASON_MAX_BYTES]
+    return data.decode("utf-8", errors="ignore")
+
+
+def _ws_base(url: str) -> str:
+    if url.startswith("https://"):
+        return "wss://" + url.removeprefix("https://")
+    if url.startswith("http://"):
+        return "ws://" + url.removeprefix("http://")
+    return url
+
+
+class _Book:
+    """Wall-clock creation and ready times of the sessions this app created.
+
+    The session keeps monotonic times only; the REST view shows UTC times, so the app
+    notes them. Entries of sessions the manager has forgotten are pruned on each create.
+    """
+
+    def __init__(self) -> None:
+        self.created_at: dict[str, datetime] = {}
+        self.ready_at: dict[str, datetime] = {}
+
+    def prune(self, known: set[str]) -> None:
+        for table in (self.created_at, self.ready_at):
+            for session_id in [k for k in table if k not in known]:
+                del table[session_id]
+
+
+def _info(session: Session, book: _Book, base_url: str, accel: str) -> SessionInfo:
+    spec = session.spec
+    path = session.recorder.path
+    x, y = session.cursor
+    return SessionInfo(
+        id=session.id,
+        state=session.state,
+        ws_url=f"{_ws_base(base_url.rstrip('/'))}/v1/sessions/{session.id}/ws",
+        image=spec.image.name,
+        display=DisplayModel(width=spec.display.width_px, height=spec.display.height_px),
+        memory_mib=spec.memory_mib,
+        vcpus=spec.vcpus,
+        accel=accel,
+        created_at=book.created_at.get(session.id),
+        ready_at=book.ready_at.get(session.id),
+        boot_s=round(session.boot_s, 3) if session.boot_s is not None else None,
+        recording=str(path) if path is not None else None,
+        cursor=CursorModel(x=x, y=y),
+        closed_reason=session.closed_reason,
+    )
+
+
+_BEARER = HTTPBearer(auto_error=False, description="the server's token (see `deskvm serve`)")
+
+
+class _TokenGuard:
+    """FastAPI dependency: the request must carry ``Authorization: Bearer <token>``."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def __call__(
+        self,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    ) -> None:
+        """Raises: ``HTTPException`` 401 ``unauthorized`` (with ``WWW-Authenticate``)."""
+        offered = None if credentials is None else credentials.credentials
+        if _token_ok(offered, self._token):
+            return
+        hint = "send 'Authorization: Bearer <token>'"
+        if any(k in request.query_params for k in ("token", "access_token")):
+            hint += "; tokens in the URL are never accepted"
+        raise StarletteHTTPException(
+            401,
+            detail=f"missing or wrong bearer token: {hint}",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+# --- the application -------------------------------------------------------------------
+
+
+def create_app(manager: SessionManager, *, token: str, settings: Settings | None = None) -> FastAPI:
+    """The bridge's ASGI application.
+
+    Args:
+        manager: creates, finds and deletes sessions (its hypervisor decides real or fake).
+        token: the bearer token every REST call (except ``/healthz`` and the OpenAPI
+            pages) and every WebSocket must present. Compared in constant time; never logged.
+        settings: supplies ``default_image`` and ``boot_timeout_s`` for requests that name
+            none (default: :class:`~orchestrator.settings.Settings` defaults).
+
+    Returns:
+        A FastAPI app. Its lifespan closes every live session (``manager.close_all``) on
+        shutdown.
+
+    Raises:
+        ConfigError: ``token`` is empty.
+    """
+    if not token:
+        raise ConfigError("the bridge needs a non-empty bearer token")
+    settings = settings or Settings()
+    book = _Book()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            errors = await anyio.to_thread.run_sync(
+                lambda: manager.close_all(reason="server shutdown")
+            )
+            for error in errors:
+                log.error("teardown at shutdown failed: %s", error)
+
+    app = FastAPI(
+        title="deskvm bridge",
+        version="1",
+        summary="Disposable desktop VMs for computer-use agents.",
+        description="REST for sessions; actions over the WebSocket "
+        "`/v1/sessions/{id}/ws` (see docs/protocol.md).",
+        lifespan=lifespan,
+    )
+
+    # -- errors: always {"error": {"code", "message"}} ----------------------------------
+
+    @app.exception_handler(DeskvmError)
+    async def _deskvm_error(request: Request, exc: DeskvmError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else "invalid request"
+        details = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+            for e in errors
+        ]
+        return _plain_error("invalid_request", message, 422, details=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
+            exc.status_code, "http_error"
+        )
+        response = _plain_error(code, str(exc.detail), exc.status_code)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _plain_error("internal_error", "internal server error (see the server log)", 500)
+
+    # -- auth ---------------------------------------------------------------------------
+
+    authed = [Depends(_TokenGuard(token))]
+
+    def base_url(request: Request) -> str:
+        return str(request.base_url)
+
+    def accel() -> str:
+        return str(manager.hypervisor.accel)
+
+    # -- REST ---------------------------------------------------------------------------
+
+    @app.get("/healthz", response_model=HealthResponse, tags=["server"])
+    async def healthz() -> HealthResponse:
+        """Liveness; no token needed."""
+        return HealthResponse(ok=True, sessions=len(manager.live()))
+
+    @app.post(
+        "/v1/sessions",
+        status_code=201,
+        response_model=SessionInfo,
+        dependencies=authed,
+        responses=_ERROR_RESPONSES,
+        tags=["sessions"],
+    )
+    async def create_session(request: Request, body: CreateSessionRequest) -> SessionInfo:
+        """Start a session; answers 201 once its desktop is drawn.
+
+        On failure nothing is left behind: 404 ``image_not_found``, 422 ``invalid_config``,
+        503 ``over_capacity``, 504 ``boot_timeout`` (with ``console_tail``), 502
+        ``hypervisor_error``. If the client disconnects while the session boots, the
+        session is deleted.
+        """
+        display = DisplaySpec(width_px=body.display.width, height_px=body.display.height)
+        started: list[Session] = []
+
+        def on_started(session: Session) -> None:
+            book.created_at[session.id] = datetime.now(UTC)
+            started.append(session)
+
+        def create() -> Session:
+            return manager.create(
+                image=body.image or settings.default_image,
+                display=display,
+                memory_mib=body.memory_mib,
+                vcpus=body.vcpus,
+                boot_timeout_s=body.boot_timeout_s or settings.boot_timeout_s,
+                on_started=on_started,
+            )
+
+        session = await _run_unless_disconnected(request, create, started, manager)
+        book.ready_at[session.id] = datetime.now(UTC)
+        book.prune({s.id for s in manager.all()})
+        log.info("session %s ready in %.1f s", session.id, session.boot_s or 0.0)
+        return _info(session, book, base_url(request), accel())
+
+    @app.get(
+        "/v1/sessions",
+        response_model=list[SessionInfo],
+        dependencies=authed,
+        responses=_ERROR_RESPONSES,
+        tags=["sessions"],
+    )
+    async def list_sessions(request: Request) -> list[SessionInfo]:
+        """Live sessions first, then recently ended ones (bounded history)."""
+        return [_info(s, book, base_url(request), accel()) for s in manager.all()]
+
+    @app.get(
+        "/v1/sessions/{session_id}",
+        response_model=SessionInfo,
+        dependencies=authed,
+        responses=_ERROR_RESPONSES,
+        tags=["sessions"],
+    )
+    async def get_session(request: Request, session_id: str) -> SessionInfo:
+        """One live or recently ended session (404 ``session_not_found``)."""
+        return _info(manager.get(session_id), book, base_url(request), accel())
+
+    @app.delete(
+        "/v1/sessions/{session_id}",
+        response_model=SessionInfo,
+        dependencies=authed,
+        responses=_ERROR_RESPONSES,
+        tags=["sessions"],
+    )
+    async def delete_session(request: Request, session_id: str) -> SessionInfo:
+        """End a session: domain destroyed, overlay deleted; the recording stays.
+
+        Deleting an ended session answers 200 again with its final state. 502
+        ``hypervisor_error`` if a teardown step failed (the session is retired anyway).
+        """
+        session = await anyio.to_thread.run_sync(
+            lambda: manager.delete(session_id, reason="deleted by client")
+        )
+        return _info(session, book, base_url(request), accel())
+
+    @app.get(
+        "/v1/sessions/{session_id}/guest-log",
+        response_class=PlainTextResponse,
+        dependencies=authed,
+        responses={**_ERROR_RESPONSES, 200: {"content": {"text/plain": {}}}},
+        tags=["sessions"],
+    )
+    async def guest_log(
+        session_id: str,
+        offset: Annotated[int, Query(ge=0, description="skip this many bytes")] = 0,
+    ) -> PlainTextResponse:
+        """What the guest wrote to its ``/dev/ttyS1`` (UTF-8, undecodable bytes replaced)."""
+        session = manager.get(session_id)
+        data = await anyio.to_thread.run_sync(session.guest_log)
+        return PlainTextResponse(data[offset:].decode("utf-8", errors="replace"))
+
+    # -- WebSocket ----------------------------------------------------------------------
+
+    @app.websocket("/v1/sessions/{session_id}/ws")
+    async def session_ws(websocket: WebSocket, session_id: str) -> None:
+        offered = _offered_subprotocols(websocket)
+        presented = _bearer_from_header(websocket.headers.get("authorization"))
+        if presented is None:
+            presented = next(
+                (
+                    p.removeprefix(SUBPROTOCOL_BEARER_PREFIX)
+                    for p in offered
+                    if p.startswith(SUBPROTOCOL_BEARER_PREFIX)
+                ),
+                None,
+            )
+        if not _token_ok(presented, token):
+            # Before accept(): the ASGI server answers the handshake with HTTP 403.
+            await websocket.close(CLOSE_POLICY_VIOLATION, reason="unauthorized")
+            return
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        await _Connection(websocket, manager, session_id).run()
+
+    return app
+
+
+async def _run_unless_disconnected(
+    request: Request,
+    create: Callable[[], Session],
+    started: list[Session],
+    manager: SessionManager,
+) -> Session:
+    """Run the blocking ``create`` in a worker thread; delete the session if the client leaves.
+
+    Raises:
+        Whatever ``create`` raises.
+    """
+    outcome: list[Session] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch_client() -> None:
+            while True:
+                await anyio.sleep(0.5)
+                if await request.is_disconnected():
+                    if started:
+                        await _delete_quietly(manager, started[0].id, "client disconnected")
+                    return
+
+        tg.start_soon(watch_client)
+        try:
+            outcome.append(await anyio.to_thread.run_sync(create))
+        except Exception as exc:  # re-raised below, outside the task group's ExceptionGroup
+            failure.append(exc)
+        finally:
+            tg.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+async def _delete_quietly(manager: SessionManager, session_id: str, reason: str) -> None:
+    """Delete a session in a worker thread, logging (not raising) a teardown failure."""
+    try:
+        await anyio.to_thread.run_sync(lambda: manager.delete(session_id, reason=reason))
+    except DeskvmError as exc:
+        log.error("deleting %s (%s) failed: %s", session_id, reason, exc.message)
+
+
+class _Connection:
+    """One WebSocket connection to one session: read a request, run it, reply; in order."""
+
+    def __init__(self, websocket: WebSocket, manager: SessionManager, session_id: str) -> None:
+        self.ws = websocket
+        self.manager = manager
+        self.session_id = session_id
+        self._send_lock = anyio.Lock()
+        self._closed = False
+
+    async def _send(self, text: str) -> bool:
+        """Send one text message; ``False`` if the connection is gone."""
+        async with self._send_lock:
+            if self._closed:
+                return False
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self._closed = True
+                return False
+            return True
+
+    async def _close(self, code: int, reason: str) -> None:
+        async with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.ws.application_state != WebSocketState.DISCONNECTED:
+                with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                    await self.ws.close(code, reason=_close_reason(reason))
+
+    async def _refuse(self, error: DeskvmError, close_code: int) -> None:
+        """Send one error reply (``id`` null) explaining why, then close."""
+        await self._send(encode_error(None, error))
+        await self._close(close_code, f"{error.code}: {error.message}")
+
+    async def run(self) -> None:
+        query = self.ws.query_params
+        on_disconnect = query.get("on_disconnect", "keep")
+        if on_disconnect not in ("keep", "delete"):
+            await self._refuse(
+                ProtocolError(
+                    f"on_disconnect must be 'keep' or 'delete', not {on_disconnect!r}",
+                    code="invalid_query",
+                ),
+                CLOSE_POLICY_VIOLATION,
+            )
+            return
+        try:
+            vocabulary = _load_vocabulary(query.get("schema", "deskvm"))
+            session = self.manager.get(self.session_id)
+        except ProtocolError as exc:
+            await self._refuse(exc, CLOSE_POLICY_VIOLATION)
+            return
+        except SessionNotFound as exc:
+            await self._refuse(exc, CLOSE_SESSION_NOT_FOUND)
+            return
+        if session.state != "ready":
+            if session.state in ("new", "starting"):
+                await self._refuse(
+                    SessionClosed(
+                        f"session {session.id} is {session.state}; retry when ready",
+                        code="session_not_ready",
+                    ),
+                    CLOSE_TRY_AGAIN_LATER,
+                )
+            else:
+                await self._refuse(
+                    SessionClosed(f"session {session.id} is {session.state}"), CLOSE_GOING_AWAY
+                )
+            return
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_session, session, tg.cancel_scope)
+                try:
+                    await self._serve(session, vocabulary)
+                except Exception:
+                    log.exception("WebSocket of session %s failed", session.id)
+                    await self._close(1011, "internal_error")
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            # Shielded: a cancelled connection (server shutdown, test client exit) must still
+            # honour on_disconnect=delete.
+            with anyio.CancelScope(shield=True):
+                await self._close(1000, "bye")
+                if on_disconnect == "delete":
+                    await _delete_quietly(self.manager, session.id, "client disconnected")
+
+    async def _watch_session(self, session: Session, scope: anyio.CancelScope) -> None:
+        while session.state not in _ENDED:
+            await anyio.sleep(_STATE_POLL_S)
+        reason = session.closed_reason or session.state
+        await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
+        scope.cancel()
+
+    async def _serve(self, session: Session, vocabulary: _Vocabulary) -> None:
+        while True:
+            message = await self.ws.receive()
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                self._closed = True
+                return
+            if kind != "websocket.receive":
+                continue
+            text: str | None = message.get("text")
+            if text is None:
+                size = len(message.get("bytes") or b"")
+                if size > MAX_MESSAGE_BYTES:
+                    await self._close(CLOSE_MESSAGE_TOO_BIG, "message_too_big")
+                    return
+                error = ProtocolError(
+                    "binary frames are not supported; send JSON text messages",
+                    code="binary_not_supported",
+                )
+                if not await self._send(encode_error(None, error)):
+                    return
+                continue
+            if len(text) > MAX_MESSAGE_BYTES // 4 and len(text.encode()) > MAX_MESSAGE_BYTES:
+                await self._close(
+                    CLOSE_MESSAGE_TOO_BIG, f"message_too_big: limit {MAX_MESSAGE_BYTES} bytes"
+                )
+                return
+            if not await self._send(await self._handle(session, vocabulary, text)):
+                return
+            if session.state in _ENDED:
+                reason = session.closed_reason or session.state
+                await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
+                return
+
+    async def _handle(self, session: Session, vocabulary: _Vocabulary, text: str) -> str:
+        """One request in, one reply out (never raises for a bad request)."""
+        client_id: ClientId = None
+        try:
+            envelope = decode_envelope(text)
+            client_id = envelope.id
+            body = envelope.body
+            actions = vocabulary.parse(body)
+            # The recording keeps vendor-shaped requests as received; deskvm ones are the
+            # action itself.
+            raw = None if getattr(vocabulary, "name", "deskvm") == "deskvm" else body
+            result = await anyio.to_thread.run_sync(
+                lambda: _execute_all(session, actions, raw, vocabulary, body)
+            )
+            return encode_result(client_id, result)
+        except DeskvmError as exc:
+            if client_id is None:
+                client_id = getattr(exc, "client_id", None)
+            return encode_error(client_id, exc)
+        except Exception:
+            log.exception("unexpected error handling a message for session %s", session.id)
+            return json.dumps(
+                {
+                    "id": client_id,
+                    "ok": False,
+                    "error": {"code": "internal_error", "message": "internal server error"},
+                }
+            )
+
+
+def _execute_all(
+    session: Session,
+    actions: Sequence[Action],
+    raw: Mapping[str, Any] | None,
+    vocabulary: _Vocabulary,
+    body: Mapping[str, Any],
+) -> dict[str, Any]:
+    results = [session.execute(action, source="agent", raw=raw) for action in actions]
+    return vocabulary.format_result(body, results)
+
+
+def run_server(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    log_level: str = "info",
+    graceful_timeout_s: float = 10.0,
+) -> None:
+    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, then shut down gracefully.
+
+    Open WebSockets are closed by uvicorn, in-flight requests get ``graceful_timeout_s``
+    seconds, then the app's lifespan closes every live session (domains destroyed,
+    overlays deleted; recordings kept).
+
+    Args:
+        app: from :func:`create_app`.
+        host: interface to bind (default loopback only).
+        port: TCP port; 0 picks a free one.
+        log_level: uvicorn's log level.
+        graceful_timeout_s: seconds in-flight requests may take at shutdown.
+    """
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        ws_max_size=MAX_MESSAGE_BYTES,
+        timeout_graceful_shutdown=int(graceful_timeout_s),
+    )
+    uvicorn.Server(config).run()
