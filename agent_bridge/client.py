@@ -137,8 +137,11 @@ class Screenshot:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionInfo:
+class SessionInfo(Mapping[str, Any]):
     """A session as ``GET /v1/sessions/{id}`` describes it.
+
+    Typed attributes for the common fields; it is also a read-only mapping over the whole
+    JSON object (``info["created_at"]``, ``info.get("recording")``, ``dict(info)``).
 
     Attributes:
         id: session id.
@@ -163,6 +166,15 @@ class SessionInfo:
     boot_s: float | None
     cursor: tuple[int, int]
     raw: Mapping[str, Any] = field(repr=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> SessionInfo:

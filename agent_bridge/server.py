@@ -260,6 +260,12 @@ def _load_vocabulary(name: str) -> _Vocabulary:
         )
     try:
         return get_vocabulary(name)
+    except ProtocolError as exc:
+        if exc.code == "unknown_schema":
+            raise
+        raise ProtocolError(
+            f"unknown schema {name!r}: {exc.message}", code="unknown_schema"
+        ) from None
     except (DeskvmError, LookupError, ValueError) as exc:
         detail = exc.message if isinstance(exc, DeskvmError) else str(exc)
         raise ProtocolError(f"unknown schema {name!r}: {detail}", code="unknown_schema") from None

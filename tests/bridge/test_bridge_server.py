@@ -428,3 +428,19 @@ def test_display_error_becomes_error_reply(client: TestClient, hypervisor: FakeH
             "code": "display_error", "message": "screendump failed",
         }  # fmt: skip
         assert _ask(ws, {"id": 2, "action": "screenshot"})["ok"] is True
+
+
+def test_ws_vendor_schema_plugs_in(client: TestClient, hypervisor: FakeHypervisor) -> None:
+    info = _create(client)
+    sid = info["id"]
+    with client.websocket_connect(f"/v1/sessions/{sid}/ws?schema=computer_20250124") as ws:
+        reply = _ask(ws, {"id": 1, "action": "left_click", "coordinate": [12, 34]})
+        assert reply["id"] == 1 and reply["ok"] is True, reply
+        bad = _ask(ws, {"id": 2, "action": "click", "x": 1, "y": 1})
+        assert bad["error"]["code"] == "unknown_action"
+    assert hypervisor.domains[sid].display.pointer == (12, 34)
+    client.delete(f"/v1/sessions/{sid}")
+    with open(f"{info['recording']}/events.jsonl") as f:
+        inputs = [json.loads(line) for line in f if '"kind":"input"' in line]
+    assert inputs[0]["data"]["raw"] == {"action": "left_click", "coordinate": [12, 34]}
+    assert inputs[0]["source"] == "agent"
