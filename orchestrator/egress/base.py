@@ -1,0 +1,262 @@
+"""Value types and the seam of the egress subsystem.
+
+The session composes an :class:`Egress` (constructor-injected): :class:`NftEgress` on a
+real host, :class:`FakeEgress` in in-process tests. Errors of the tools behind the seam
+(``nft``, ``ip``, ``dnsmasq``, ``ulogd``) are translated to
+:class:`~orchestrator.errors.EgressError` where they enter.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+from orchestrator.errors import ConfigError
+from orchestrator.spec import EgressPolicy
+
+__all__ = [
+    "BRIDGE_PREFIX",
+    "GUEST_PORT_PREFIX",
+    "DecisionKind",
+    "Egress",
+    "EgressAttachment",
+    "EgressSettings",
+    "NetworkDecision",
+    "bridge_name",
+    "guest_port_name",
+]
+
+GUEST_PORT_PREFIX = "dvg"
+"""The guest's bridge port (tap) is ``dvg<session_id>``; libvirt names it from
+``<target dev='dvg<id>'/>``."""
+
+BRIDGE_PREFIX = "dvm"
+"""Bridge names are ``dvm<session_id>``: 15 bytes, the Linux maximum (IFNAMSIZ - 1).
+
+``dvm-<id>`` would be 16 bytes and is refused by the kernel."""
+
+_IFACE_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
+
+DecisionKind = Literal["dns_answered", "dns_refused", "conn_allowed", "conn_dropped"]
+
+
+def bridge_name(session_id: str) -> str:
+    """The session's bridge name, ``dvm<session_id>`` (15 bytes)."""
+    return f"{BRIDGE_PREFIX}{session_id}"
+
+
+def guest_port_name(session_id: str) -> str:
+    """The guest's tap / bridge port name, ``dvg<session_id>`` (15 bytes)."""
+    return f"{GUEST_PORT_PREFIX}{session_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class EgressSettings:
+    """Host-wide egress configuration (read once by the CLI / server, passed in).
+
+    Attributes:
+        upstream_iface: the only interface allowed traffic may leave by
+            (``--egress-upstream-iface``).
+        upstream_dns: resolvers the per-session dnsmasq forwards allowlisted names to,
+            reached through ``upstream_iface`` (``--egress-upstream-dns IP[,IP]``).
+        masquerade: source-NAT session traffic to the upstream interface's address.
+        subnet_pool: IPv4 pool carved into one /30 per session (gateway ``.1``, guest ``.2``).
+        state_dir: per-session files (dnsmasq/ulogd pid, lease, log, config) live in
+            ``state_dir/<session_id>/``; slots in ``state_dir/slots/``.
+        nflog_group_base: NFLOG group of slot 0; slot ``n`` logs to ``base + n``.
+        drop_log_rate_per_s: drops logged per second per rule (bursts twice that); the
+            drop itself is never rate limited.
+        dnsmasq_path: dnsmasq binary (Debian ``dnsmasq-base``).
+        ulogd_path: ulogd binary (Debian ``ulogd2`` + ``ulogd2-json``).
+        ulogd_plugin_dir: where ulogd's ``ulogd_*.so`` plugins are.
+    """
+
+    upstream_iface: str
+    upstream_dns: tuple[str, ...]
+    masquerade: bool = True
+    subnet_pool: str = "10.213.0.0/16"
+    state_dir: Path = Path("/run/deskvm/egress")
+    nflog_group_base: int = 32768
+    drop_log_rate_per_s: int = 100
+    dnsmasq_path: str = "/usr/sbin/dnsmasq"
+    ulogd_path: str = "/usr/sbin/ulogd"
+    ulogd_plugin_dir: Path = Path("/usr/lib/x86_64-linux-gnu/ulogd")
+
+    def __post_init__(self) -> None:
+        if not _IFACE_RE.match(self.upstream_iface) or self.upstream_iface.startswith(
+            BRIDGE_PREFIX
+        ):
+            raise ConfigError(f"invalid egress upstream interface {self.upstream_iface!r}")
+        if isinstance(self.upstream_dns, str):
+            raise ConfigError("egress upstream_dns must be a tuple of addresses")
+        object.__setattr__(self, "upstream_dns", tuple(self.upstream_dns))
+        if not self.upstream_dns:
+            raise ConfigError("egress needs at least one upstream DNS server")
+        for server in self.upstream_dns:
+            try:
+                ipaddress.ip_address(server)
+            except ValueError as exc:
+                raise ConfigError(f"egress upstream DNS {server!r} is not an address") from exc
+        try:
+            pool = ipaddress.IPv4Network(self.subnet_pool, strict=True)
+        except ValueError as exc:
+            raise ConfigError(f"egress subnet pool {self.subnet_pool!r}: {exc}") from exc
+        if pool.prefixlen > 30:
+            raise ConfigError("egress subnet pool must hold at least one /30")
+        if not 1 <= self.nflog_group_base <= 65535 - self.slot_count + 1:
+            raise ConfigError("egress nflog_group_base leaves no room for the pool's slots")
+        if self.drop_log_rate_per_s < 1:
+            raise ConfigError("egress drop_log_rate_per_s must be positive")
+
+    @classmethod
+    def from_cli(
+        cls, upstream_iface: str, upstream_dns_csv: str, **overrides: object
+    ) -> EgressSettings:
+        """Build from ``--egress-upstream-iface IFACE --egress-upstream-dns IP[,IP]``.
+
+        Raises:
+            ConfigError: a value is malformed.
+        """
+        servers = tuple(s.strip() for s in upstream_dns_csv.split(",") if s.strip())
+        return cls(upstream_iface=upstream_iface, upstream_dns=servers, **overrides)  # type: ignore[arg-type]
+
+    @property
+    def pool(self) -> ipaddress.IPv4Network:
+        """The subnet pool as a network."""
+        return ipaddress.IPv4Network(self.subnet_pool)
+
+    @property
+    def slot_count(self) -> int:
+        """How many /30 session subnets the pool holds."""
+        return int(2 ** (30 - ipaddress.IPv4Network(self.subnet_pool).prefixlen))
+
+
+@dataclass(frozen=True, slots=True)
+class EgressAttachment:
+    """What the hypervisor needs to plug a guest into its session's filtered network.
+
+    Attributes:
+        session_id: the session this belongs to.
+        bridge: Linux bridge name, ``dvm<session_id>``.
+        guest_port: the name the guest's tap must have (``dvg<session_id>``): the bridge
+            filter matches frames by this ingress port, so a NIC with another name gets
+            no filtering of non-IP frames (the inet rules still apply).
+        guest_mac: the MAC the guest NIC must use (frames from any other MAC are dropped).
+        guest_ip: the address DHCP hands to ``guest_mac`` (IPv4, dotted quad).
+        gateway_ip: the host's address on the bridge: default route, DHCP server and
+            DNS resolver of the guest.
+        prefix_len: the session subnet's prefix length (30).
+        nflog_group: NFLOG group the session's nft log rules write to.
+    """
+
+    session_id: str
+    bridge: str
+    guest_port: str
+    guest_mac: str
+    guest_ip: str
+    gateway_ip: str
+    prefix_len: int
+    nflog_group: int
+
+    @property
+    def resolver_ip(self) -> str:
+        """The guest's only DNS resolver (the gateway)."""
+        return self.gateway_ip
+
+    def libvirt_interface_xml(self) -> str:
+        """The libvirt domain ``<interface>`` element for this attachment (virtio NIC)."""
+        return (
+            "<interface type='bridge'>"
+            f"<source bridge='{self.bridge}'/>"
+            f"<target dev='{self.guest_port}'/>"
+            f"<mac address='{self.guest_mac}'/>"
+            "<model type='virtio'/>"
+            "</interface>"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkDecision:
+    """One egress decision, for the session's recording and ``GET .../network``.
+
+    Attributes:
+        ts_ns: ``time.monotonic_ns()`` clock of this host. DNS decisions come from
+            dnsmasq's log (1 s resolution), packet decisions from NFLOG (1 us).
+        kind: what was decided.
+        session_id: the session.
+        reason: short machine-friendly reason (``"not-allowlisted"``, ``"cidr:0"``,
+            ``"private"``, ``"nonip"``...).
+        protocol: ``"tcp"``, ``"udp"``, ``"icmp"``, ``"ipv6"``, ``"arp"``, ``"ether:0x88b5"``...
+            (``"dns"`` for DNS decisions).
+        src / src_port / dst / dst_port: the packet's 5-tuple (ports ``None`` when the
+            protocol has none).
+        query: DNS name asked (DNS decisions only).
+        qtype: DNS record type asked (``"A"``, ``"AAAA"``...).
+        answers: addresses (or CNAME targets) given to the guest.
+    """
+
+    ts_ns: int
+    kind: DecisionKind
+    session_id: str
+    reason: str
+    protocol: str
+    src: str | None = None
+    src_port: int | None = None
+    dst: str | None = None
+    dst_port: int | None = None
+    query: str | None = None
+    qtype: str | None = None
+    answers: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Egress(Protocol):
+    """Per-session filtered network: one bridge, one resolver, nft rules, a decision log."""
+
+    def attach(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+        """Create the session's bridge, rules, DHCP/DNS service and decision log.
+
+        Cleans up what it created if any step fails.
+
+        Args:
+            session_id: from :func:`orchestrator.spec.new_session_id`.
+            policy: the validated allowlist.
+
+        Returns:
+            Where and how to plug the guest NIC.
+
+        Raises:
+            ConfigError: invalid session id.
+            EgressError: the host refused a step (nothing of the session is left).
+        """
+        ...
+
+    def detach(self, session_id: str) -> None:
+        """Remove everything of the session; idempotent, runs every step.
+
+        Raises:
+            EgressError: after running every step, naming the steps that failed.
+        """
+        ...
+
+    def decisions(self, session_id: str) -> list[NetworkDecision]:
+        """All decisions of the attached session so far, oldest first.
+
+        Raises:
+            EgressError: the session is not attached or its logs cannot be read.
+        """
+        ...
+
+    def reap(self, live_session_ids: frozenset[str]) -> list[str]:
+        """Remove leftovers labelled with session ids not in ``live_session_ids``.
+
+        Returns:
+            The session ids that were reaped, sorted.
+
+        Raises:
+            EgressError: some leftover could not be removed.
+        """
+        ...

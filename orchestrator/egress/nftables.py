@@ -1,0 +1,550 @@
+"""The real :class:`~orchestrator.egress.base.Egress`: Linux bridge + nftables + dnsmasq + ulogd2.
+
+Per session (all labelled with the session id):
+    * bridge ``dvm<id>`` holding the gateway address ``.1`` of the session's /30,
+      IPv6 disabled on it;
+    * nft objects in the shared ``inet deskvm`` table (created with the first session,
+      forward hook policy drop) and a ``bridge deskvm_<id>`` table (see :mod:`.plan`);
+    * ``dnsmasq`` (Debian ``dnsmasq-base``): DHCP for the guest MAC and the allowlisting
+      resolver that fills the session's nft sets (``--nftset``);
+    * ``ulogd`` (Debian ``ulogd2`` + ``ulogd2-json``) reading the session's NFLOG group and
+      writing JSON lines: a maintained NFLOG consumer instead of hand-written netlink code.
+
+Files live in ``settings.state_dir/<id>/``. ``net.ipv4.ip_forward`` is switched on only
+after the forward chain with policy drop exists, and restored to its earlier value (before
+that chain is removed) when the last session detaches. A file lock serialises attach,
+detach and reap across processes sharing the state dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.egress.base import (
+    BRIDGE_PREFIX,
+    GUEST_PORT_PREFIX,
+    EgressAttachment,
+    EgressSettings,
+    NetworkDecision,
+    bridge_name,
+    guest_port_name,
+)
+from orchestrator.egress.logs import DnsLogParser, parse_ulogd_line
+from orchestrator.egress.plan import (
+    BASE_TABLE,
+    SessionPlan,
+    dnsmasq_argv,
+    guest_mac,
+    render_base_ruleset,
+    render_session_ruleset,
+    render_session_teardown,
+    slot_addresses,
+    ulogd_config,
+)
+from orchestrator.errors import EgressError
+from orchestrator.spec import EgressPolicy, validate_session_id
+
+__all__ = ["NftEgress"]
+
+_SID = r"[a-z0-9]{12}"
+_LABELLED_RE = re.compile(rf"^(?:fwd|back|in|post|nat|out_up|out_other|d4|d6)_({_SID})(?:_\w+)?$")
+_FORWARD_SYSCTL = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+@dataclass
+class _Reader:
+    dns: DnsLogParser
+    dns_offset: int = 0
+    ulogd_offset: int = 0
+    decisions: list[NetworkDecision] = field(default_factory=list)
+
+
+class NftEgress:
+    """Egress enforced on this host (needs root, ``nft``, ``ip``, dnsmasq, ulogd).
+
+    Args:
+        settings: upstream interface, DNS servers, pool, state dir.
+    """
+
+    def __init__(self, settings: EgressSettings) -> None:
+        self.settings = settings
+        self._readers: dict[str, _Reader] = {}
+        self._mutex = threading.Lock()
+
+    # ----------------------------------------------------------------- helpers
+
+    def _run(self, argv: list[str], stdin: str | None = None, timeout_s: float = 15.0) -> str:
+        try:
+            done = subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=True
+            )
+        except FileNotFoundError as exc:
+            raise EgressError(f"{argv[0]} is not installed: {exc}") from exc
+        except subprocess.CalledProcessError as exc:
+            raise EgressError(
+                f"{' '.join(argv[:4])} failed ({exc.returncode}): {exc.stderr.strip()[:2000]}"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise EgressError(f"{' '.join(argv[:4])} timed out after {timeout_s}s") from exc
+        return done.stdout
+
+    def _nft(self, script: str) -> None:
+        if script.strip():
+            self._run(["nft", "-f", "-"], stdin=script)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self._mutex, open(self.settings.state_dir / "egress.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _session_dir(self, session_id: str) -> Path:
+        return self.settings.state_dir / session_id
+
+    def _slots_dir(self) -> Path:
+        return self.settings.state_dir / "slots"
+
+    def _claim_slot(self, session_id: str) -> int:
+        slots = self._slots_dir()
+        slots.mkdir(parents=True, exist_ok=True)
+        for slot in range(self.settings.slot_count):
+            path = slots / str(slot)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(session_id)
+            return slot
+        raise EgressError(f"egress subnet pool {self.settings.subnet_pool} is exhausted")
+
+    def _slot_of(self, session_id: str) -> int | None:
+        slots = self._slots_dir()
+        if not slots.is_dir():
+            return None
+        for path in slots.iterdir():
+            with contextlib.suppress(OSError):
+                if path.read_text().strip() == session_id:
+                    return int(path.name)
+        return None
+
+    def _host_addresses(self) -> tuple[str, ...]:
+        data = json.loads(self._run(["ip", "-j", "addr", "show"]) or "[]")
+        found = []
+        for link in data:
+            if str(link.get("ifname", "")).startswith((BRIDGE_PREFIX, GUEST_PORT_PREFIX)):
+                continue
+            for info in link.get("addr_info", []):
+                local = info.get("local")
+                if local and not ipaddress.ip_address(local).is_link_local:
+                    found.append(str(local))
+        return tuple(sorted(set(found)))
+
+    def _plan(self, session_id: str, policy: EgressPolicy, slot: int) -> SessionPlan:
+        subnet, gateway, guest = slot_addresses(self.settings.pool, slot)
+        return SessionPlan(
+            session_id=session_id,
+            bridge=bridge_name(session_id),
+            guest_port=guest_port_name(session_id),
+            subnet=subnet,
+            gateway_ip=gateway,
+            guest_ip=guest,
+            guest_mac=guest_mac(session_id),
+            upstream_iface=self.settings.upstream_iface,
+            upstream_dns=self.settings.upstream_dns,
+            masquerade=self.settings.masquerade,
+            policy=policy,
+            host_addresses=self._host_addresses(),
+            nflog_group=self.settings.nflog_group_base + slot,
+            drop_log_rate_per_s=self.settings.drop_log_rate_per_s,
+        )
+
+    def _table_json(self) -> list[dict[str, object]]:
+        try:
+            out = subprocess.run(
+                ["nft", "-j", "list", "table", "inet", BASE_TABLE],
+                capture_output=True,
+                text=True,
+                timeout=15,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise EgressError(f"cannot list nft table: {exc}") from exc
+        if out.returncode != 0:
+            return []
+        items = json.loads(out.stdout).get("nftables", [])
+        return [i for i in items if isinstance(i, dict)]
+
+    def _bridge_tables(self) -> list[str]:
+        out = self._run(["nft", "-j", "list", "tables", "bridge"])
+        names = []
+        for item in json.loads(out or "{}").get("nftables", []):
+            table = item.get("table") if isinstance(item, dict) else None
+            if isinstance(table, dict) and str(table.get("name", "")).startswith(BASE_TABLE + "_"):
+                names.append(str(table["name"]))
+        return names
+
+    def _ensure_base_table(self) -> None:
+        if not self._table_json():
+            self._nft(render_base_ruleset())
+
+    def _start_ulogd(self, plan: SessionPlan, state: Path) -> None:
+        conf = state / "ulogd.conf"
+        conf.write_text(ulogd_config(plan, str(self.settings.ulogd_plugin_dir), str(state)))
+        (state / "ulogd.json").touch()
+        self._run([self.settings.ulogd_path, "-d", "-c", str(conf), "-p", str(state / "ulogd.pid")])
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            groups = Path("/proc/net/netfilter/nfnetlink_log").read_text().split("\n")
+            if any(line.split()[:1] == [str(plan.nflog_group)] for line in groups):
+                return
+            time.sleep(0.01)
+        log = (state / "ulogd.log").read_text() if (state / "ulogd.log").exists() else ""
+        raise EgressError(f"ulogd did not bind NFLOG group {plan.nflog_group}: {log[-500:]}")
+
+    def _set_forwarding(self, on: bool) -> None:
+        saved = self.settings.state_dir / "ip_forward.saved"
+        if on:
+            if not saved.exists():
+                saved.write_text(_FORWARD_SYSCTL.read_text().strip())
+            _FORWARD_SYSCTL.write_text("1\n")
+        elif saved.exists():
+            _FORWARD_SYSCTL.write_text(saved.read_text().strip() + "\n")
+            saved.unlink()
+
+    # -------------------------------------------------------------------- seam
+
+    def attach(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+        """See :meth:`orchestrator.egress.base.Egress.attach`."""
+        validate_session_id(session_id)
+        with self._locked():
+            if self._session_dir(session_id).exists() or self._slot_of(session_id) is not None:
+                raise EgressError(f"session {session_id} is already attached")
+            try:
+                slot = self._claim_slot(session_id)
+                plan = self._plan(session_id, policy, slot)
+                state = self._session_dir(session_id)
+                state.mkdir(mode=0o700)
+                self._ensure_base_table()
+                br = plan.bridge
+                self._run(["ip", "link", "add", br, "type", "bridge"])
+                self._run(["ip", "link", "set", br, "alias", f"deskvm:{session_id}"])
+                Path(f"/proc/sys/net/ipv6/conf/{br}/disable_ipv6").write_text("1\n")
+                self._run(["ip", "addr", "add", f"{plan.gateway_ip}/30", "dev", br])
+                self._run(["ip", "link", "set", br, "up"])
+                self._nft(render_session_ruleset(plan))
+                self._start_ulogd(plan, state)
+                self._run(dnsmasq_argv(plan, self.settings.dnsmasq_path, str(state)))
+                self._set_forwarding(True)
+                attachment = EgressAttachment(
+                    session_id=session_id,
+                    bridge=br,
+                    guest_port=plan.guest_port,
+                    guest_mac=plan.guest_mac,
+                    guest_ip=str(plan.guest_ip),
+                    gateway_ip=str(plan.gateway_ip),
+                    prefix_len=plan.subnet.prefixlen,
+                    nflog_group=plan.nflog_group,
+                )
+                (state / "attachment.json").write_text(json.dumps(attachment_to_json(attachment)))
+            except BaseException as exc:
+                failures = self._teardown(session_id)
+                note = f" (cleanup also failed: {'; '.join(failures)})" if failures else ""
+                if isinstance(exc, EgressError):
+                    raise EgressError(f"attach {session_id}: {exc.message}{note}") from exc
+                if isinstance(exc, OSError):
+                    raise EgressError(f"attach {session_id}: {exc}{note}") from exc
+                raise
+        self._readers[session_id] = _Reader(dns=DnsLogParser(session_id))
+        return attachment
+
+    def detach(self, session_id: str) -> None:
+        """See :meth:`orchestrator.egress.base.Egress.detach`."""
+        validate_session_id(session_id)
+        with self._locked():
+            failures = self._teardown(session_id)
+        self._readers.pop(session_id, None)
+        if failures:
+            raise EgressError(f"detach {session_id}: " + "; ".join(failures))
+
+    def _kill(self, state: Path, name: str) -> None:
+        pidfile = state / f"{name}.pid"
+        pids = set()
+        if pidfile.exists():
+            with contextlib.suppress(ValueError):
+                pids.add(int(pidfile.read_text().strip()))
+        pids |= _pids_mentioning(str(state))
+        for pid in pids:
+            cmdline = _cmdline(pid)
+            if str(state) not in cmdline or name not in cmdline:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 2.0
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def _teardown(self, session_id: str) -> list[str]:
+        failures: list[str] = []
+        state = self._session_dir(session_id)
+
+        def step(name: str, fn: object) -> None:
+            try:
+                fn()  # type: ignore[operator]
+            except (EgressError, OSError, ValueError) as exc:
+                failures.append(f"{name}: {exc}")
+
+        step("dnsmasq", lambda: self._kill(state, "dnsmasq"))
+        step("ulogd", lambda: self._kill(state, "ulogd"))
+        step("nft", lambda: self._delete_nft_objects(session_id))
+        step("bridge", lambda: self._delete_bridge(session_id))
+        step("state", lambda: _rmtree(state))
+        step("slot", lambda: self._release_slot(session_id))
+        step("base", self._maybe_remove_base)
+        return failures
+
+    def _delete_nft_objects(self, session_id: str) -> None:
+        items = self._table_json()
+        chains: list[str] = []
+        sets: list[str] = []
+        counters: list[str] = []
+        elements: list[tuple[str, str]] = []
+        for item in items:
+            for kind, bucket in (("chain", chains), ("set", sets), ("counter", counters)):
+                obj = item.get(kind)
+                if isinstance(obj, dict):
+                    m = _LABELLED_RE.match(str(obj.get("name", "")))
+                    if m and m.group(1) == session_id:
+                        bucket.append(str(obj["name"]))
+            obj = item.get("map")
+            if isinstance(obj, dict):
+                for elem in obj.get("elem", []) or []:
+                    key, verdict = _map_elem(elem)
+                    if key is not None and verdict.endswith("_" + session_id):
+                        elements.append((str(obj["name"]), key))
+        self._nft(
+            render_session_teardown(
+                session_id,
+                map_elements=elements,
+                chains=chains,
+                sets=sets,
+                counters=counters,
+                bridge_table=f"{BASE_TABLE}_{session_id}" in self._bridge_tables(),
+            )
+        )
+
+    def _delete_bridge(self, session_id: str) -> None:
+        for link in (guest_port_name(session_id), bridge_name(session_id)):
+            if Path(f"/sys/class/net/{link}").exists():
+                self._run(["ip", "link", "del", link])
+
+    def _release_slot(self, session_id: str) -> None:
+        slots = self._slots_dir()
+        if slots.is_dir():
+            for path in slots.iterdir():
+                if path.read_text().strip() == session_id:
+                    path.unlink()
+
+    def _maybe_remove_base(self) -> None:
+        slots = self._slots_dir()
+        if slots.is_dir() and any(slots.iterdir()):
+            return
+        self._set_forwarding(False)
+        if self._table_json():
+            self._nft(f"delete table inet {BASE_TABLE}\n")
+
+    def decisions(self, session_id: str) -> list[NetworkDecision]:
+        """See :meth:`orchestrator.egress.base.Egress.decisions`."""
+        validate_session_id(session_id)
+        state = self._session_dir(session_id)
+        if not state.is_dir():
+            raise EgressError(f"session {session_id} is not attached")
+        with self._mutex:
+            reader = self._readers.setdefault(session_id, _Reader(dns=DnsLogParser(session_id)))
+            offset_ns = time.time_ns() - time.monotonic_ns()
+            now_s = time.time()
+            try:
+                reader.dns_offset, lines = _read_new(state / "dnsmasq.log", reader.dns_offset)
+                for line in lines:
+                    reader.decisions += reader.dns.feed(line, offset_ns, now_s)
+                reader.decisions += reader.dns.flush()
+                reader.ulogd_offset, lines = _read_new(state / "ulogd.json", reader.ulogd_offset)
+            except OSError as exc:
+                raise EgressError(f"cannot read decision logs of {session_id}: {exc}") from exc
+            for line in lines:
+                decision = parse_ulogd_line(line, session_id, offset_ns)
+                if decision is not None:
+                    reader.decisions.append(decision)
+            return sorted(reader.decisions, key=lambda d: d.ts_ns)
+
+    def counters(self, session_id: str) -> dict[str, int]:
+        """Packets that left the host from the session: ``{"upstream": n, "other": n}``.
+
+        ``other`` counts packets from the session's subnet leaving by any interface but the
+        upstream and the session bridge (postrouting, after every filter): it must stay 0.
+
+        Raises:
+            EgressError: nft could not be queried.
+        """
+        found = {"upstream": 0, "other": 0}
+        for item in self._table_json():
+            obj = item.get("counter")
+            if isinstance(obj, dict):
+                name = str(obj.get("name"))
+                if name == f"out_up_{session_id}":
+                    found["upstream"] = int(str(obj.get("packets", 0)))
+                elif name == f"out_other_{session_id}":
+                    found["other"] = int(str(obj.get("packets", 0)))
+        return found
+
+    def reap(self, live_session_ids: frozenset[str]) -> list[str]:
+        """See :meth:`orchestrator.egress.base.Egress.reap`."""
+        found = self.labelled_session_ids()
+        dead = sorted(found - set(live_session_ids))
+        failures = []
+        for session_id in dead:
+            with self._locked():
+                failures += [f"{session_id}: {f}" for f in self._teardown(session_id)]
+            self._readers.pop(session_id, None)
+        if not dead:
+            with self._locked(), contextlib.suppress(EgressError, OSError):
+                self._maybe_remove_base()
+        if failures:
+            raise EgressError("reap: " + "; ".join(failures))
+        return dead
+
+    def labelled_session_ids(self) -> set[str]:
+        """Session ids that label anything on this host (bridges, nft, state, processes).
+
+        Raises:
+            EgressError: nft or ip could not be queried.
+        """
+        found: set[str] = set()
+        sid = re.compile(rf"^(?:{BRIDGE_PREFIX}|{GUEST_PORT_PREFIX})({_SID})$")
+        for path in Path("/sys/class/net").iterdir():
+            m = sid.match(path.name)
+            if m:
+                found.add(m.group(1))
+        for item in self._table_json():
+            for kind in ("chain", "set", "counter"):
+                obj = item.get(kind)
+                if isinstance(obj, dict):
+                    m = _LABELLED_RE.match(str(obj.get("name", "")))
+                    if m:
+                        found.add(m.group(1))
+        for name in self._bridge_tables():
+            suffix = name[len(BASE_TABLE) + 1 :]
+            if re.fullmatch(_SID, suffix):
+                found.add(suffix)
+        state = self.settings.state_dir
+        if state.is_dir():
+            found |= {p.name for p in state.iterdir() if re.fullmatch(_SID, p.name)}
+            slots = state / "slots"
+            if slots.is_dir():
+                for p in slots.iterdir():
+                    with contextlib.suppress(OSError):
+                        text = p.read_text().strip()
+                        if re.fullmatch(_SID, text):
+                            found.add(text)
+            for pid in _pids_mentioning(str(state)):
+                m = re.search(rf"{re.escape(str(state))}/({_SID})/", _cmdline(pid))
+                if m:
+                    found.add(m.group(1))
+        return found
+
+
+def attachment_to_json(attachment: EgressAttachment) -> dict[str, object]:
+    """The attachment as a JSON-able dict (written to the session's state dir)."""
+    return {
+        "session_id": attachment.session_id,
+        "bridge": attachment.bridge,
+        "guest_port": attachment.guest_port,
+        "guest_mac": attachment.guest_mac,
+        "guest_ip": attachment.guest_ip,
+        "gateway_ip": attachment.gateway_ip,
+        "prefix_len": attachment.prefix_len,
+        "nflog_group": attachment.nflog_group,
+    }
+
+
+def _map_elem(elem: object) -> tuple[str | None, str]:
+    # nft -j renders map elements as [key, {"jump": {"target": "fwd_x"}}]; keys are
+    # ifnames (quoted back for nft) or IPv4 addresses.
+    if not isinstance(elem, list) or len(elem) != 2:
+        return None, ""
+    key, verdict = elem
+    target = ""
+    if isinstance(verdict, dict):
+        jump = verdict.get("jump") or verdict.get("goto")
+        if isinstance(jump, dict):
+            target = str(jump.get("target", ""))
+    if isinstance(key, str) and not key[:1].isdigit():
+        return f'"{key}"', target
+    if isinstance(key, str):
+        return key, target
+    return None, target
+
+
+def _read_new(path: Path, offset: int) -> tuple[int, list[str]]:
+    if not path.exists():
+        return offset, []
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n") + 1
+    return offset + end, data[:end].decode(errors="replace").splitlines()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _pids_mentioning(text: str) -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and text + "/" in _cmdline(int(entry.name)):
+            pids.add(int(entry.name))
+    return pids
+
+
+def _rmtree(path: Path) -> None:
+    if not path.exists():
+        return
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if child.is_dir():
+            child.rmdir()
+        else:
+            child.unlink()
+    path.rmdir()

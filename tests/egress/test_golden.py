@@ -1,0 +1,137 @@
+"""Pure ring: nft ruleset, dnsmasq argv and ulogd config against golden files.
+
+Regenerate with ``DESKVM_UPDATE_GOLDEN=1 pytest tests/egress/test_golden.py`` and review
+the diff.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.egress.plan import (
+    SessionPlan,
+    dnsmasq_argv,
+    guest_mac,
+    render_base_ruleset,
+    render_session_ruleset,
+    render_session_teardown,
+    slot_addresses,
+    ulogd_config,
+)
+from orchestrator.spec import EgressPolicy
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+SID = "abcdefgh2345"
+
+
+def plan(allow: tuple[str, ...], *, masquerade: bool = True, slot: int = 3) -> SessionPlan:
+    subnet, gateway, guest = slot_addresses(ipaddress.IPv4Network("10.213.0.0/16"), slot)
+    return SessionPlan(
+        session_id=SID,
+        bridge=f"dvm{SID}",
+        guest_port=f"dvg{SID}",
+        subnet=subnet,
+        gateway_ip=gateway,
+        guest_ip=guest,
+        guest_mac=guest_mac(SID),
+        upstream_iface="uplink0",
+        upstream_dns=("198.51.100.53", "2001:db8::53"),
+        masquerade=masquerade,
+        policy=EgressPolicy(allow=allow),
+        host_addresses=("192.0.2.2", "fd00::2"),
+        nflog_group=32768 + slot,
+    )
+
+
+FULL = plan(
+    (
+        "example.org",
+        "*.example.net",
+        "api.example.com:443",
+        "198.51.100.7/32:443",
+        "203.0.113.0/24",
+        "10.20.0.0/16:5432",
+        "[2001:db8::/32]:443",
+    )
+)
+EMPTY = plan((), masquerade=False, slot=0)
+
+
+def check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("DESKVM_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with DESKVM_UPDATE_GOLDEN=1"
+    assert text == path.read_text()
+
+
+def test_base_ruleset() -> None:
+    check("base.nft", render_base_ruleset())
+
+
+@pytest.mark.parametrize(("name", "p"), [("full", FULL), ("empty", EMPTY)])
+def test_session_ruleset(name: str, p: SessionPlan) -> None:
+    check(f"session_{name}.nft", render_session_ruleset(p))
+
+
+@pytest.mark.parametrize(("name", "p"), [("full", FULL), ("empty", EMPTY)])
+def test_dnsmasq_argv(name: str, p: SessionPlan) -> None:
+    check(f"dnsmasq_{name}.txt", "\n".join(dnsmasq_argv(p, "/usr/sbin/dnsmasq", "/st")) + "\n")
+
+
+def test_ulogd_config() -> None:
+    check("ulogd.conf", ulogd_config(FULL, "/usr/lib/x86_64-linux-gnu/ulogd", "/st"))
+
+
+def test_teardown() -> None:
+    text = render_session_teardown(
+        SID,
+        map_elements=[("fwd_from", f'"dvm{SID}"'), ("post_src", "10.213.0.14")],
+        chains=[f"fwd_{SID}", f"in_{SID}"],
+        sets=[f"d4_{SID}_any"],
+        counters=[f"out_up_{SID}"],
+        bridge_table=True,
+    )
+    check("teardown.nft", text)
+    assert (
+        render_session_teardown(
+            SID, map_elements=[], chains=[], sets=[], counters=[], bridge_table=False
+        )
+        == ""
+    )
+
+
+def test_invariants_of_the_full_ruleset() -> None:
+    text = render_session_ruleset(FULL)
+    fwd = text.split(f"chain fwd_{SID} {{")[1].split("\n\t}")[0]
+    lines = [line.strip() for line in fwd.strip().splitlines()]
+    # replies first, default drop last, always-denied before any accept
+    assert lines[0] == "ct state established,related accept"
+    assert lines[-1] == "counter drop"
+    first_accept = next(i for i, line in enumerate(lines) if line.endswith(" accept") and i)
+    always = max(i for i, line in enumerate(lines) if "always-denied" in line)
+    assert always < first_accept
+    # the private CIDR entry is accepted before the private drop, the public ones after
+    private_accept = next(i for i, line in enumerate(lines) if "10.20.0.0/16" in line)
+    private_drop = next(i for i, line in enumerate(lines) if ":D:private" in line)
+    public_accept = next(i for i, line in enumerate(lines) if "203.0.113.0/24" in line)
+    assert private_accept < private_drop < public_accept
+    assert 'oifname != "uplink0"' in fwd
+    # with an IPv6 entry, IPv6 passes the bridge and is filtered in inet
+    assert "ether type ip6 accept" in text
+
+
+def test_refused_answers_exclude_named_private_ranges() -> None:
+    argv = dnsmasq_argv(FULL, "dnsmasq", "/st")
+    bogus = [a.split("=", 1)[1] for a in argv if a.startswith("--bogus-nxdomain=")]
+    nets = [ipaddress.ip_network(b) for b in bogus]
+    assert not any(ipaddress.ip_address("10.20.1.1") in n for n in nets)
+    assert any(ipaddress.ip_address("10.21.1.1") in n for n in nets)
+    assert any(ipaddress.ip_address("169.254.169.254") in n for n in nets)
+    assert any(ipaddress.ip_address(str(FULL.gateway_ip)) in n for n in nets)
+    assert "--address=/#/" in argv
+    assert "--address=/*.example.org/" in argv  # exact entry: subdomains NXDOMAIN
