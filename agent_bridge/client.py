@@ -28,12 +28,15 @@ original as ``__cause__``. See ``docs/protocol.md`` for the wire protocol.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlencode
 
 import httpx
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -367,15 +370,18 @@ class Client:
         obj = self._request("GET", "/healthz").json()
         return Health(ok=bool(obj.get("ok")), sessions=int(obj.get("sessions", 0)))
 
-    def _connect_ws(self, ws_url: str, schema: str) -> ClientConnection:
-        url = ws_url if schema == "deskvm" else f"{ws_url}?schema={schema}"
+    def _connect_ws(self, ws_url: str, schema: str, stack: ExitStack) -> ClientConnection:
+        """Open a WebSocket whose lifetime ``stack`` manages (websockets wants a ``with``)."""
+        url = ws_url if schema == "deskvm" else f"{ws_url}?{urlencode({'schema': schema})}"
         try:
-            return connect(
-                url,
-                additional_headers={"Authorization": f"Bearer {self._token}"},
-                subprotocols=[Subprotocol("deskvm.v1")],
-                open_timeout=self.timeout_s,
-                max_size=_MAX_REPLY_BYTES,
+            return stack.enter_context(
+                connect(
+                    url,
+                    additional_headers={"Authorization": f"Bearer {self._token}"},
+                    subprotocols=[Subprotocol("deskvm.v1")],
+                    open_timeout=self.timeout_s,
+                    max_size=_MAX_REPLY_BYTES,
+                )
             )
         except InvalidStatus as exc:
             status = exc.response.status_code
@@ -409,6 +415,7 @@ class Session:
         self.id = info.id
         self.schema = schema
         self._ws: ClientConnection | None = None
+        self._stack = ExitStack()
         self._ids: Iterator[int] = itertools.count(1)
 
     def __repr__(self) -> str:
@@ -429,14 +436,15 @@ class Session:
 
     def _socket(self) -> ClientConnection:
         if self._ws is None:
-            self._ws = self.client._connect_ws(self.info_at_start.ws_url, self.schema)
+            self._stack = ExitStack()
+            self._ws = self.client._connect_ws(self.info_at_start.ws_url, self.schema, self._stack)
         return self._ws
 
     def close(self) -> None:
         """Close the WebSocket (the session stays on the server)."""
-        if self._ws is not None:
-            ws, self._ws = self._ws, None
-            ws.close()
+        self._ws = None
+        with contextlib.suppress(ConnectionClosed, OSError):
+            self._stack.close()
 
     def delete(self) -> SessionInfo | None:
         """Close the WebSocket and delete the session; ``None`` if it was already gone."""
@@ -449,7 +457,7 @@ class Session:
             raise
 
     def _closed_error(self, exc: ConnectionClosed) -> DeskvmError:
-        self._ws = None
+        self.close()
         close = exc.rcvd
         code, reason = (close.code, close.reason) if close is not None else (None, "")
         if code == _CLOSE_GOING_AWAY:
