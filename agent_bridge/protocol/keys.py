@@ -74,10 +74,10 @@ _NAMED: dict[str, str] = {
     "control_r": "ctrl_r", "ctrl_r": "ctrl_r", "rctrl": "ctrl_r",
     "shift": "shift", "shift_l": "shift", "lshift": "shift",
     "shift_r": "shift_r", "rshift": "shift_r",
-    "alt": "alt", "alt_l": "alt", "lalt": "alt", "option": "alt", "meta": "alt",
+    "alt": "alt", "alt_l": "alt", "lalt": "alt", "option": "alt",
     "alt_r": "alt_r", "ralt": "alt_r", "altgr": "alt_r", "iso_level3_shift": "alt_r",
     "super": "meta_l", "super_l": "meta_l", "win": "meta_l", "windows": "meta_l",
-    "cmd": "meta_l", "command": "meta_l", "meta_l": "meta_l", "hyper_l": "meta_l",
+    "cmd": "meta_l", "command": "meta_l", "meta": "meta_l", "meta_l": "meta_l", "hyper_l": "meta_l",
     "super_r": "meta_r", "meta_r": "meta_r",
     # editing and navigation
     "return": "ret", "enter": "ret", "ret": "ret", "linefeed": "ret",

@@ -1,0 +1,49 @@
+"""The public names of each module are what __all__ says, and they all exist."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+MODULES = [
+    "orchestrator.errors",
+    "orchestrator.spec",
+    "orchestrator.settings",
+    "orchestrator.clock",
+    "orchestrator.recorder",
+    "orchestrator.replay",
+    "orchestrator.session",
+    "orchestrator.manager",
+    "orchestrator.input_plan",
+    "orchestrator.host",
+    "orchestrator.display.base",
+    "orchestrator.display.fake",
+    "orchestrator.hypervisor.base",
+    "orchestrator.hypervisor.fake",
+    "orchestrator.hypervisor.domain_xml",
+    "agent_bridge.protocol",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_all_names_exist(name: str) -> None:
+    module = importlib.import_module(name)
+    assert module.__all__, name
+    for symbol in module.__all__:
+        assert hasattr(module, symbol), f"{name}.{symbol}"
+
+
+def test_every_error_derives_from_the_root() -> None:
+    from orchestrator import errors
+
+    for symbol in errors.__all__:
+        cls = getattr(errors, symbol)
+        assert issubclass(cls, errors.DeskvmError)
+        assert isinstance(cls.code, str) and cls.code
+
+
+def test_protocol_exports() -> None:
+    import agent_bridge.protocol as protocol
+
+    assert {"Action", "parse_deskvm_action", "decode_envelope", "KeyCombo"} <= set(protocol.__all__)

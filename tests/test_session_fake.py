@@ -1,0 +1,196 @@
+"""Session lifecycle and recording against the in-package fakes (no VM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_bridge.protocol import parse_deskvm_action
+from agent_bridge.protocol.results import CursorResult, ImageResult
+from orchestrator.clock import FakeClock
+from orchestrator.display.base import KeyEvent
+from orchestrator.errors import ActionError, BootTimeout, DisplayError, HypervisorError, SessionClosed
+from orchestrator.hypervisor.fake import FakeHypervisor
+from orchestrator.input_plan import Pacing
+from orchestrator.recorder import FileRecorder, MemoryRecorder
+from orchestrator.replay import summarize
+from orchestrator.session import Session, desktop_drawn
+from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
+
+IMAGE = BootImage("debian12-desktop", "cd" * 32, Path("/b"), Path("/k"), Path("/i"))
+
+
+def make(hv: FakeHypervisor | None = None, recorder=None, clock=None, sid="abcdef012345", timeout_s=5.0):
+    clock = clock or FakeClock()
+    spec = SessionSpec(sid, IMAGE, DisplaySpec(1024, 768), boot_timeout_s=timeout_s)
+    return Session(
+        spec,
+        hypervisor=hv or FakeHypervisor(),
+        recorder=recorder if recorder is not None else MemoryRecorder(clock),
+        clock=clock,
+        pacing=Pacing(0, 0, 0, 0, 0),
+        ready_poll_s=0.5,
+    )
+
+
+def act(session: Session, **body: object):
+    return session.execute(parse_deskvm_action(body))
+
+
+def test_context_manager_starts_and_destroys() -> None:
+    hv = FakeHypervisor()
+    with make(hv) as session:
+        assert session.state == "ready"
+        assert hv.domains.keys() == {"abcdef012345"}
+    assert session.state == "closed"
+    assert hv.domains == {} and hv.destroyed == ["abcdef012345"]
+
+
+def test_typed_line_reaches_the_fake_guest_log() -> None:
+    with make() as session:
+        act(session, action="type", text="echo Hi_There > /dev/ttyS1\n")
+        assert b"echo Hi_There > /dev/ttyS1\n" in session.guest_log()
+        assert session.held() == (set(), set())
+
+
+def test_screenshot_result_and_frame_event() -> None:
+    recorder = MemoryRecorder(FakeClock())
+    with make(recorder=recorder) as session:
+        result = act(session, action="screenshot")
+        assert isinstance(result, ImageResult)
+        assert (result.width_px, result.height_px) == (1024, 768)
+        assert result.data.startswith(b"\x89PNG")
+        assert recorder.frames[result.frame_seq] == result.data  # type: ignore[index]
+        zoom = act(session, action="zoom", region=[10, 20, 110, 70])
+        assert (zoom.width_px, zoom.height_px) == (100, 50)  # type: ignore[union-attr]
+
+
+def test_cursor_position_follows_moves_including_zero() -> None:
+    with make() as session:
+        act(session, action="move", x=0, y=0)
+        assert act(session, action="cursor_position") == CursorResult(0, 0)
+        act(session, action="click", x=1023, y=767)
+        assert act(session, action="cursor_position") == CursorResult(1023, 767)
+
+
+def test_out_of_screen_is_refused_before_anything_is_injected() -> None:
+    hv = FakeHypervisor()
+    with make(hv) as session:
+        with pytest.raises(ActionError) as info:
+            act(session, action="click", x=1024, y=5)
+        assert info.value.code == "out_of_screen"
+        assert hv.domains["abcdef012345"].display.events == []
+        act(session, action="move", x=1, y=1)  # the session lives on
+
+
+def test_input_is_recorded_before_it_is_injected() -> None:
+    clock = FakeClock()
+    recorder = MemoryRecorder(clock)
+    with make(recorder=recorder, clock=clock) as session:
+        act(session, action="key", keys="ctrl+c")
+    kinds = [e.kind for e in recorder.events]
+    i = kinds.index("input")
+    assert kinds[i : i + 3] == ["input", "injected", "result"]
+    assert recorder.events[i].data["action"] == {"action": "key", "combos": ["ctrl+c"]}
+
+
+def test_display_failure_releases_held_keys() -> None:
+    hv = FakeHypervisor()
+    with make(hv) as session:
+        display = hv.domains["abcdef012345"].display
+        original = display.send
+        calls = {"n": 0}
+
+        def flaky(events, **kw):  # fail on the third batch: ctrl and shift are down
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise DisplayError("injected")
+            original(events, **kw)
+
+        display.send = flaky  # type: ignore[method-assign]
+        with pytest.raises(DisplayError):
+            act(session, action="key", keys="ctrl+shift+t")
+        display.send = original  # type: ignore[method-assign]
+        assert display.pressed_keys == set()
+        assert KeyEvent("ctrl", False) in display.events
+
+
+def test_start_failure_leaves_nothing() -> None:
+    hv = FakeHypervisor()
+    hv.fail_on.add("start")
+    recorder = MemoryRecorder(FakeClock())
+    session = make(hv, recorder=recorder)
+    with pytest.raises(HypervisorError):
+        session.start()
+    assert hv.domains == {}
+    assert session.state == "failed"
+    assert recorder.closed_status is not None
+
+
+def test_boot_timeout_carries_console_tail_and_tears_down() -> None:
+    hv = FakeHypervisor()
+    clock = FakeClock()
+    session = make(hv, clock=clock, timeout_s=3.0)
+    original = hv.start
+
+    def start_without_desktop(spec, nic=None):
+        domain = original(spec, nic=nic)
+        domain.read_guest_log = lambda offset=0: b""  # type: ignore[method-assign]
+        return domain
+
+    hv.start = start_without_desktop  # type: ignore[method-assign]
+    with pytest.raises(BootTimeout) as info:
+        session.start()
+    assert "fake login" in info.value.console_tail
+    assert hv.domains == {} and hv.destroyed == ["abcdef012345"]
+
+
+def test_actions_after_close_are_refused() -> None:
+    session = make()
+    with session:
+        pass
+    with pytest.raises(SessionClosed):
+        act(session, action="screenshot")
+
+
+def test_file_recording_is_chained_and_summarized(tmp_path: Path) -> None:
+    clock = FakeClock()
+    recorder = FileRecorder(tmp_path / "rec", clock, {"session_id": "abcdef012345"})
+    with make(recorder=recorder, clock=clock) as session:
+        act(session, action="click", x=5, y=5)
+        act(session, action="type", text="pw", secret=True)
+        act(session, action="screenshot")
+        with pytest.raises(ActionError):
+            act(session, action="click", x=5000, y=5)
+    bundle = tmp_path / "rec"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["status"] == "closed"
+    assert manifest["event_count"] == len((bundle / "events.jsonl").read_text().splitlines())
+    summary = summarize(bundle)
+    assert summary.first_bad_seq is None
+    assert summary.actions == {"click": 2, "type": 1, "screenshot": 1}
+    assert summary.errors == {"out_of_screen": 1}
+    assert summary.frames == 2  # the ready frame and the screenshot
+    assert (bundle / "guest.log").read_bytes().startswith(b"DESKVM_READY")
+    assert b'"pw"' not in (bundle / "events.jsonl").read_bytes()
+    # Any edit breaks the chain at that event.
+    lines = (bundle / "events.jsonl").read_text().splitlines()
+    lines[3] = lines[3].replace('"x":5', '"x":6')
+    (bundle / "events.jsonl").write_text("\n".join(lines) + "\n")
+    assert summarize(bundle).first_bad_seq == 3
+
+
+def test_desktop_drawn_frame_check() -> None:
+    from PIL import Image
+
+    bg = (0x2E, 0x4A, 0x62)
+    blank = Image.new("RGB", (640, 480), bg)
+    assert desktop_drawn(blank, width_px=640, height_px=480, background_rgb=bg)[0] is False
+    black = Image.new("RGB", (640, 480), (0, 0, 0))
+    assert desktop_drawn(black, width_px=640, height_px=480, background_rgb=bg)[0] is False
+    desktop = blank.copy()
+    desktop.paste((255, 255, 255), (10, 10, 300, 200))
+    assert desktop_drawn(desktop, width_px=640, height_px=480, background_rgb=bg)[0] is True
+    assert desktop_drawn(desktop, width_px=800, height_px=600, background_rgb=bg)[0] is False
