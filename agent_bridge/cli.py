@@ -40,7 +40,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-image_app = typer.Typer(help="Build and list VM base images (offline, from the host's apt sources).")
+image_app = typer.Typer(
+    help="Build and list VM base images (offline, from the host's apt sources)."
+)
 replay_app = typer.Typer(help="Inspect recordings (the directory each session writes).")
 app.add_typer(image_app, name="image")
 app.add_typer(replay_app, name="replay")
@@ -74,7 +76,12 @@ def _settings(state_dir: Path | None = None, **overrides: Any) -> Settings:
     return Settings.from_env(state_dir=state_dir, **overrides)
 
 
-_MARK = {"ok": "[green]ok[/]", "fixed": "[cyan]fixed[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+_MARK = {
+    "ok": "[green]ok[/]",
+    "fixed": "[cyan]fixed[/]",
+    "warn": "[yellow]warn[/]",
+    "fail": "[red]FAIL[/]",
+}
 
 
 def setup_host(settings: Settings, *, fix: bool, reprobe: bool = False) -> str:
@@ -109,8 +116,16 @@ def setup_host(settings: Settings, *, fix: bool, reprobe: bool = False) -> str:
 @app.command()
 @_errors
 def doctor(
-    fix: Annotated[bool, typer.Option("--fix/--check", help="Install packages, start libvirtd/virtlogd, set /dev/kvm to root:kvm 0660.")] = False,
-    reprobe: Annotated[bool, typer.Option(help="Probe KVM/TCG again even if a verdict is stored.")] = False,
+    fix: Annotated[
+        bool,
+        typer.Option(
+            "--fix/--check",
+            help="Install packages, start libvirtd/virtlogd, set /dev/kvm to root:kvm 0660.",
+        ),
+    ] = False,
+    reprobe: Annotated[
+        bool, typer.Option(help="Probe KVM/TCG again even if a verdict is stored.")
+    ] = False,
     state_dir: StateDir = None,
 ) -> None:
     """Check the host: packages, libvirt daemons, /dev/kvm permissions, acceleration.
@@ -149,8 +164,12 @@ def build_image_with_progress(name: str, settings: Settings, *, force: bool = Fa
 @image_app.command("build")
 @_errors
 def image_build(
-    name: Annotated[str | None, typer.Argument(help="Recipe name (default: the default image).")] = None,
-    force: Annotated[bool, typer.Option(help="Rebuild even if an image of this recipe exists.")] = False,
+    name: Annotated[
+        str | None, typer.Argument(help="Recipe name (default: the default image).")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option(help="Rebuild even if an image of this recipe exists.")
+    ] = False,
     state_dir: StateDir = None,
 ) -> None:
     """Build a base image from its recipe with mmdebstrap (cached by recipe hash)."""
@@ -185,9 +204,16 @@ def image_list(state_dir: StateDir = None) -> None:
 @app.command()
 @_errors
 def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on. Keep 127.0.0.1 unless behind TLS.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on. Keep 127.0.0.1 unless behind TLS.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
-    token: Annotated[str | None, typer.Option(help="Admin bearer token (default: DESKVM_TOKEN, else the token file, else a new random one).")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Admin bearer token (default: DESKVM_TOKEN, else the token file, else new).",
+        ),
+    ] = None,
     max_sessions: Annotated[int | None, typer.Option(help="Concurrent sessions accepted.")] = None,
     state_dir: StateDir = None,
 ) -> None:
@@ -196,10 +222,8 @@ def serve(
     The token is printed once and kept in <state-dir>/token (mode 0600). Sessions still
     running at shutdown (Ctrl-C) are destroyed.
     """
-    import uvicorn
-
     from agent_bridge.runtime import build_manager, ensure_token
-    from agent_bridge.server import create_app
+    from agent_bridge.server import create_app, run_server
 
     settings = _settings(state_dir, token=token, max_sessions=max_sessions)
     manager = build_manager(settings)
@@ -208,10 +232,13 @@ def serve(
         console.print(f"reaped leftovers of dead sessions: {', '.join(reaped)}")
     token_value = ensure_token(settings)
     app_ = create_app(manager, token=token_value, settings=settings)
-    console.print(f"[bold]deskvm bridge[/] on http://{host}:{port}  (acceleration: {manager.hypervisor.accel})")
+    console.print(
+        f"[bold]deskvm bridge[/] on http://{host}:{port}  "
+        f"(acceleration: {manager.hypervisor.accel})"
+    )
     console.print(f"token: [bold]{token_value}[/]  (also in {settings.token_file})")
     console.print(f"docs:  http://{host}:{port}/docs   protocol: docs/protocol.md")
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    run_server(app_, host=host, port=port)
 
 
 @app.command()
@@ -219,7 +246,9 @@ def serve(
 def demo(
     width: Annotated[int, typer.Option(help="Display width in pixels.")] = 1280,
     height: Annotated[int, typer.Option(help="Display height in pixels.")] = 800,
-    out_dir: Annotated[Path, typer.Option(help="Where to save the demo's screenshots.")] = Path("deskvm-demo"),
+    out_dir: Annotated[Path, typer.Option(help="Where to save the demo's screenshots.")] = Path(
+        "deskvm-demo"
+    ),
     state_dir: StateDir = None,
 ) -> None:
     """Everything end to end: set up the host, build the image, serve, drive one session.
@@ -249,7 +278,9 @@ def demo(
             with console.status("booting a disposable desktop (qcow2 overlay, no network)..."):
                 session = client.create_session(width=width, height=height)
             with session:
-                console.print(f"session [bold]{session.id}[/] ready in {time.monotonic() - t0:.1f} s")
+                console.print(
+                    f"session [bold]{session.id}[/] ready in {time.monotonic() - t0:.1f} s"
+                )
                 shot = session.screenshot()
                 (out_dir / "1-desktop.png").write_bytes(shot.png)
                 # The xterm sits in the top-left quarter of the screen: click into it.
@@ -267,10 +298,10 @@ def demo(
                 info = session.info()
                 seen = f"demo-{marker}" in session.guest_log()
                 console.print(
-                    f"guest confirmed the typed command on its log port: "
+                    "guest confirmed the typed command on its log port: "
                     + ("[green]yes[/]" if seen else "[red]no[/]")
                 )
-            console.print(f"session deleted; domain destroyed and overlay removed")
+            console.print("session deleted; domain destroyed and overlay removed")
     console.print(f"screenshots: {out_dir.resolve()}/1-desktop.png, 2-typed.png")
     console.print(f"recording:   [bold]{info.get('recording')}[/]  (deskvm replay info <dir>)")
     if not seen:

@@ -29,10 +29,18 @@ __all__ = ["pytest_addoption"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("deskvm")
-    group.addoption("--deskvm-url", default=None, help="Use this bridge server instead of starting one.")
-    group.addoption("--deskvm-token", default=None, help="Bearer token for --deskvm-url (or DESKVM_TOKEN).")
-    group.addoption("--deskvm-image", default=None, help="Image for deskvm_session (default image if unset).")
-    group.addoption("--deskvm-display", default="1280x800", help="Display size WxH for deskvm_session.")
+    group.addoption(
+        "--deskvm-url", default=None, help="Use this bridge server instead of starting one."
+    )
+    group.addoption(
+        "--deskvm-token", default=None, help="Bearer token for --deskvm-url (or DESKVM_TOKEN)."
+    )
+    group.addoption(
+        "--deskvm-image", default=None, help="Image for deskvm_session (default image if unset)."
+    )
+    group.addoption(
+        "--deskvm-display", default="1280x800", help="Display size WxH for deskvm_session."
+    )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -108,8 +116,8 @@ def _dump_live_artifacts(session: Any, where: Path) -> dict[str, Any]:
     with contextlib.suppress(Exception):
         (where / "guest.log").write_text(session.guest_log())
     with contextlib.suppress(Exception):
-        info = session.info()
-        (where / "session.json").write_text(json.dumps(info, indent=2))
+        info = dict(session.info())
+        (where / "session.json").write_text(json.dumps(dict(info), indent=2))
     return info
 
 

@@ -7,8 +7,8 @@ fakes instead.
 from __future__ import annotations
 
 import os
-import threading
 import secrets
+import threading
 from pathlib import Path
 
 from orchestrator.errors import HostSetupError
@@ -104,7 +104,16 @@ class BackgroundServer:
                 s.bind((host, 0))
                 port = s.getsockname()[1]
         self.url = f"http://{host}:{port}"
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")  # type: ignore[arg-type]
+        from agent_bridge.server import MAX_MESSAGE_BYTES
+
+        config = uvicorn.Config(
+            app,  # type: ignore[arg-type]
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            ws_max_size=MAX_MESSAGE_BYTES,
+        )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

@@ -32,7 +32,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--boots", type=int, default=2, help="cold starts to time")
     parser.add_argument("--shots", type=int, default=50, help="screenshots to time")
     parser.add_argument("--chars", type=int, default=400, help="characters to type")
@@ -42,9 +44,10 @@ def main() -> None:
     manager = build_manager(settings)
     token = secrets.token_urlsafe(16)
     print(f"host acceleration: {manager.hypervisor.accel}")
-    with BackgroundServer(create_app(manager, token=token, settings=settings)) as server, Client(
-        server.url, token
-    ) as client:
+    with (
+        BackgroundServer(create_app(manager, token=token, settings=settings)) as server,
+        Client(server.url, token) as client,
+    ):
         boots = []
         for i in range(args.boots):
             t0 = time.perf_counter()
@@ -53,7 +56,10 @@ def main() -> None:
             print(f"  boot {i + 1}: {boots[-1]:.1f} s to first ready frame")
             if i < args.boots - 1:
                 session.delete()
-        print(f"cold start to first ready frame: median {statistics.median(boots):.1f} s over {len(boots)}")
+        print(
+            "cold start to first ready frame: "
+            f"median {statistics.median(boots):.1f} s over {len(boots)}"
+        )
 
         with session:
             session.screenshot()  # warm the connection
@@ -63,12 +69,15 @@ def main() -> None:
                 shot = session.screenshot()
                 latencies.append((time.perf_counter() - t0) * 1000)
             print(
-                f"screenshot via bridge ({shot.width}x{shot.height} PNG, {len(shot.png) // 1024} KiB): "
-                f"p50 {percentile(latencies, 0.5):.0f} ms, p95 {percentile(latencies, 0.95):.0f} ms "
+                f"screenshot via bridge ({shot.width}x{shot.height} PNG, "
+                f"{len(shot.png) // 1024} KiB): p50 {percentile(latencies, 0.5):.0f} ms, "
+                f"p95 {percentile(latencies, 0.95):.0f} ms "
                 f"over {len(latencies)}"
             )
 
-            alphabet = string.ascii_letters + string.digits + string.punctuation.replace("'", "") + " "
+            alphabet = (
+                string.ascii_letters + string.digits + string.punctuation.replace("'", "") + " "
+            )
             rng = secrets.SystemRandom()
             text = "".join(rng.choice(alphabet) for _ in range(args.chars))
             session.click(300, 200)

@@ -270,7 +270,9 @@ def run_doctor(
     missing = _missing_packages()
     if missing and fix:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env)
+        update = subprocess.run(
+            ["apt-get", "update", "-q"], capture_output=True, text=True, env=env
+        )
         install = subprocess.run(
             ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
             capture_output=True, text=True, env=env,
@@ -325,7 +327,11 @@ def run_doctor(
                       "re-probe QEMU on every call (domain create takes ~80 s)",
                       "chgrp kvm /dev/kvm && chmod 660 /dev/kvm"))  # fmt: skip
     else:
-        add(Check("/dev/kvm", "warn", "absent: guests run under TCG (slow, not a security boundary)"))
+        add(
+            Check(
+                "/dev/kvm", "warn", "absent: guests run under TCG (slow, not a security boundary)"
+            )
+        )
 
     try:
         if _default_network_active():
@@ -342,7 +348,14 @@ def run_doctor(
         try:
             accel, why = probe_accel(probe_dir, uri=uri)
         except HostSetupError as exc:
-            add(Check("acceleration", "fail", exc.message, "check `virsh -c qemu:///system capabilities`"))
+            add(
+                Check(
+                    "acceleration",
+                    "fail",
+                    exc.message,
+                    "check `virsh -c qemu:///system capabilities`",
+                )
+            )
             return report
         host_file.parent.mkdir(parents=True, exist_ok=True)
         host_file.write_text(json.dumps({"accel": accel, "why": why, "probed_at": time.time()}))
@@ -354,5 +367,5 @@ def run_doctor(
     else:
         add(Check("acceleration", "warn",
                   f"TCG software emulation ({why}). TCG is slow and QEMU documents it is NOT a "
-                  "security boundary: use a host where KVM runs for untrusted guests."))  # fmt: skip
+                  "security boundary: use a KVM host for untrusted guests."))  # fmt: skip
     return report

@@ -105,7 +105,9 @@ def plan_action(action: Action, pacing: Pacing) -> list[Step]:
             for i in range(count):
                 steps.append(_button(button, True, pacing, pacing.button_s))
                 last = i == count - 1
-                steps.append(_button(button, False, pacing, None if last else pacing.multi_click_gap_s))
+                steps.append(
+                    _button(button, False, pacing, None if last else pacing.multi_click_gap_s)
+                )
             if hold is not None:
                 steps += _release(hold, pacing)
             return steps
@@ -138,11 +140,10 @@ def plan_action(action: Action, pacing: Pacing) -> list[Step]:
                 steps += _tap(combo, pacing)
             return steps
         case HoldKey(combo=combo, duration_ms=ms):
-            press = _press(combo, pacing)
-            if press:
-                last = press[-1]
-                press[-1] = Step(last.events, max(last.pause_s, ms / 1000))
-            return press + _release(combo, pacing)
+            held = _press(combo, pacing)
+            if held:
+                held[-1] = Step(held[-1].events, max(held[-1].pause_s, ms / 1000))
+            return held + _release(combo, pacing)
         case _:
             return []
 

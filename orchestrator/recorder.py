@@ -42,7 +42,9 @@ __all__ = [
 FORMAT_VERSION = 1
 GENESIS_HASH = "0" * 64
 
-EventKind = Literal["lifecycle", "input", "injected", "result", "error", "frame", "network", "marker"]
+EventKind = Literal[
+    "lifecycle", "input", "injected", "result", "error", "frame", "network", "marker"
+]
 Source = Literal["agent", "human", "qa", "system"]
 
 
@@ -106,7 +108,9 @@ class Recorder(Protocol):
         """
         ...
 
-    def add_frame(self, png: bytes, *, pts_ns: int, reason: str, source: Source = "system") -> Event:
+    def add_frame(
+        self, png: bytes, *, pts_ns: int, reason: str, source: Source = "system"
+    ) -> Event:
         """Store a PNG still and append the ``frame`` event that references it.
 
         Raises:
@@ -130,16 +134,10 @@ class _ChainedLog:
         self.counts: dict[str, int] = {}
 
     def _next(self, kind: EventKind, data: Mapping[str, Any], source: Source) -> Event:
-        body = {
-            "seq": self._seq,
-            "t_ns": self._clock.monotonic_ns(),
-            "kind": kind,
-            "source": source,
-            "data": dict(data),
-        }
-        digest = chain_hash(self._head, body)
-        event = Event(self._seq, body["t_ns"], kind, source, body["data"], digest)
-        return event
+        t_ns = self._clock.monotonic_ns()
+        payload = dict(data)
+        body = {"seq": self._seq, "t_ns": t_ns, "kind": kind, "source": source, "data": payload}
+        return Event(self._seq, t_ns, kind, source, payload, chain_hash(self._head, body))
 
     def _commit(self, event: Event) -> None:
         self._seq += 1
@@ -169,7 +167,9 @@ class MemoryRecorder(_ChainedLog):
             self._commit(event)
             return event
 
-    def add_frame(self, png: bytes, *, pts_ns: int, reason: str, source: Source = "system") -> Event:
+    def add_frame(
+        self, png: bytes, *, pts_ns: int, reason: str, source: Source = "system"
+    ) -> Event:
         with self._lock:
             event = self._next("frame", {"pts_ns": pts_ns, "reason": reason}, source)
             self.events.append(event)
@@ -240,7 +240,9 @@ class FileRecorder(_ChainedLog):
             self._write(event)
             return event
 
-    def add_frame(self, png: bytes, *, pts_ns: int, reason: str, source: Source = "system") -> Event:
+    def add_frame(
+        self, png: bytes, *, pts_ns: int, reason: str, source: Source = "system"
+    ) -> Event:
         with self._lock:
             if self._closed:
                 raise RecorderError("the recording is closed")

@@ -76,7 +76,9 @@ def summarize(bundle: Path) -> RecordingSummary:
     for index, event in enumerate(events):
         body = {k: v for k, v in event.items() if k != "hash"}
         expected = chain_hash(head, body)
-        if summary.first_bad_seq is None and (event.get("seq") != index or event["hash"] != expected):
+        if summary.first_bad_seq is None and (
+            event.get("seq") != index or event["hash"] != expected
+        ):
             summary.first_bad_seq = index
         head = event["hash"]
         summary.kinds[event["kind"]] += 1

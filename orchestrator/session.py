@@ -23,14 +23,8 @@ from PIL import Image
 
 from agent_bridge.protocol.actions import (
     Action,
-    Click,
     CursorPosition,
-    Drag,
-    MouseDown,
-    MouseUp,
-    Move,
     Screenshot,
-    Scroll,
     Wait,
     Zoom,
     action_name,
@@ -443,5 +437,3 @@ def _result_record(action: Action, result: Result) -> dict[str, Any]:
         case Done(detail=detail):
             out.update(dict(detail))
     return out
-
-

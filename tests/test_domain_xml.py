@@ -30,17 +30,23 @@ def check_golden(name: str, text: str) -> None:
     path = GOLDEN / name
     if os.environ.get("DESKVM_UPDATE_GOLDEN"):
         path.write_text(text)
-    assert text == path.read_text(), f"{name} changed; review and update with DESKVM_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), (
+        f"{name} changed; review and update with DESKVM_UPDATE_GOLDEN=1"
+    )
 
 
 @pytest.mark.parametrize("accel", ["tcg", "kvm"])
 def test_domain_xml_golden(accel: str) -> None:
-    check_golden(f"domain-{accel}.xml", render_domain_xml(SPEC, PATHS, accel=accel, created=CREATED))  # type: ignore[arg-type]
+    check_golden(
+        f"domain-{accel}.xml", render_domain_xml(SPEC, PATHS, accel=accel, created=CREATED)
+    )  # type: ignore[arg-type]
 
 
 def test_domain_xml_with_nic_golden() -> None:
     nic = NicAttachment(bridge="dvm-abcdef012345", mac="52:54:00:12:34:56")
-    check_golden("domain-nic.xml", render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED, nic=nic))
+    check_golden(
+        "domain-nic.xml", render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED, nic=nic)
+    )
 
 
 def test_no_network_device_no_host_sharing_without_a_policy() -> None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from agent_bridge.protocol import parse_deskvm_action
-from orchestrator.display.base import ABS_MAX, AbsMove, ButtonEvent, KeyEvent, WheelEvent, pixel_to_abs
+from orchestrator.display.base import (
+    ABS_MAX,
+    AbsMove,
+    ButtonEvent,
+    KeyEvent,
+    WheelEvent,
+    pixel_to_abs,
+)
 from orchestrator.input_plan import Pacing, plan_action
 
 PACING = Pacing()
@@ -71,7 +78,9 @@ def test_every_plan_releases_what_it_presses() -> None:
 
 
 def test_hold_key_holds_for_the_duration() -> None:
-    steps = plan_action(parse_deskvm_action({"action": "hold_key", "keys": "a", "duration_ms": 750}), PACING)
+    steps = plan_action(
+        parse_deskvm_action({"action": "hold_key", "keys": "a", "duration_ms": 750}), PACING
+    )
     assert steps[0].events == (KeyEvent("a", True),)
     assert steps[0].pause_s == pytest.approx(0.75)
 

@@ -31,7 +31,9 @@ def test_envelope_keeps_client_id_and_body() -> None:
     assert env.body == {"action": "screenshot"}
 
 
-@pytest.mark.parametrize("text", ["not json", "[1,2]", '"x"', '{"id": [1], "action": "wait"}', b"\xff"])
+@pytest.mark.parametrize(
+    "text", ["not json", "[1,2]", '"x"', '{"id": [1], "action": "wait"}', b"\xff"]
+)
 def test_malformed_envelopes(text: str | bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_envelope(text)
@@ -47,7 +49,10 @@ def test_replies_have_the_documented_shape() -> None:
     ("body", "action"),
     [
         ({"action": "click", "x": 0, "y": 0}, Click(0, 0)),
-        ({"action": "click", "x": 5, "y": 6, "button": "right", "count": 2}, Click(5, 6, Button.RIGHT, 2)),
+        (
+            {"action": "click", "x": 5, "y": 6, "button": "right", "count": 2},
+            Click(5, 6, Button.RIGHT, 2),
+        ),
         ({"action": "double_click", "x": 1, "y": 2}, Click(1, 2, count=2)),
         ({"action": "triple_click", "x": 1, "y": 2}, Click(1, 2, count=3)),
         ({"action": "click"}, Click(None, None)),
@@ -127,6 +132,8 @@ def test_check_bounds(body: dict[str, object], ok: bool) -> None:
 
 
 def test_secret_text_is_not_in_its_record() -> None:
-    record = action_to_dict(parse_deskvm_action({"action": "type", "text": "hunter2", "secret": True}))
+    record = action_to_dict(
+        parse_deskvm_action({"action": "type", "text": "hunter2", "secret": True})
+    )
     assert "hunter2" not in json.dumps(record)
     assert record["length"] == 7

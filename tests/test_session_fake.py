@@ -11,7 +11,13 @@ from agent_bridge.protocol import parse_deskvm_action
 from agent_bridge.protocol.results import CursorResult, ImageResult
 from orchestrator.clock import FakeClock
 from orchestrator.display.base import KeyEvent
-from orchestrator.errors import ActionError, BootTimeout, DisplayError, HypervisorError, SessionClosed
+from orchestrator.errors import (
+    ActionError,
+    BootTimeout,
+    DisplayError,
+    HypervisorError,
+    SessionClosed,
+)
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.input_plan import Pacing
 from orchestrator.recorder import FileRecorder, MemoryRecorder
@@ -22,7 +28,9 @@ from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
 IMAGE = BootImage("debian12-desktop", "cd" * 32, Path("/b"), Path("/k"), Path("/i"))
 
 
-def make(hv: FakeHypervisor | None = None, recorder=None, clock=None, sid="abcdef012345", timeout_s=5.0):
+def make(
+    hv: FakeHypervisor | None = None, recorder=None, clock=None, sid="abcdef012345", timeout_s=5.0
+):
     clock = clock or FakeClock()
     spec = SessionSpec(sid, IMAGE, DisplaySpec(1024, 768), boot_timeout_s=timeout_s)
     return Session(

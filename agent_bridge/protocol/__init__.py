@@ -25,7 +25,6 @@ from agent_bridge.protocol.actions import (
     action_name,
     action_to_dict,
 )
-from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result, to_deskvm_result
 from agent_bridge.protocol.keys import KeyCombo, parse_combo, parse_combos, text_to_combos
 from agent_bridge.protocol.messages import (
     DESKVM_ACTIONS,
@@ -36,26 +35,27 @@ from agent_bridge.protocol.messages import (
     encode_result,
     parse_deskvm_action,
 )
+from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result, to_deskvm_result
 
 __all__ = [
     "DESKVM_ACTIONS",
     "Action",
     "Button",
     "Click",
+    "CursorPosition",
     "CursorResult",
     "Done",
-    "ImageResult",
-    "Result",
-    "CursorPosition",
     "Drag",
     "Envelope",
     "HoldKey",
+    "ImageResult",
     "Key",
     "KeyCombo",
     "MouseDown",
     "MouseUp",
     "Move",
     "Point",
+    "Result",
     "Screenshot",
     "Scroll",
     "Type",

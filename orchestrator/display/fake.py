@@ -108,8 +108,10 @@ class FakeDisplay:
             self._line = self._line[:-1]
             return
         if len(qcode) == 1:
-            self._line += qcode.upper() if shift and qcode.isalpha() else (
-                _SHIFTED.get(qcode, qcode) if shift else qcode
+            self._line += (
+                qcode.upper()
+                if shift and qcode.isalpha()
+                else (_SHIFTED.get(qcode, qcode) if shift else qcode)
             )
             return
         table = _SHIFTED if shift else _PLAIN

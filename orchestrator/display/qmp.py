@@ -56,7 +56,9 @@ def qmp_event(event: InputEvent, *, width_px: int, height_px: int) -> list[dict[
                 {"type": "btn", "data": {"down": False, "button": name}},
             ]
         case KeyEvent(qcode=qcode, down=down):
-            return [{"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": qcode}}}]
+            return [
+                {"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": qcode}}}
+            ]
 
 
 class QmpDisplay:

@@ -26,7 +26,9 @@ def settings() -> Settings:
     return Settings.from_env()
 
 
-def window_box(image: Image.Image, background_rgb: tuple[int, int, int] = BACKGROUND_RGB) -> tuple[int, int, int, int]:
+def window_box(
+    image: Image.Image, background_rgb: tuple[int, int, int] = BACKGROUND_RGB
+) -> tuple[int, int, int, int]:
     """Bounding box (x0, y0, x1, y1) of everything that is not desktop background."""
     pixels = np.asarray(image.convert("RGB"), dtype=np.int16)
     other = np.any(np.abs(pixels - np.array(background_rgb, dtype=np.int16)) > 6, axis=2)

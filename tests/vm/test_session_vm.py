@@ -15,7 +15,7 @@ from tests.vm.conftest import window_box
 def wait_for_line(session, line: str, timeout_s: float = 60.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
-        lines = [l.rstrip("\r") for l in session.guest_log().splitlines()]
+        lines = [s.rstrip("\r") for s in session.guest_log().splitlines()]
         if line in lines or time.monotonic() > deadline:
             return lines
         time.sleep(0.25)
