@@ -2,7 +2,7 @@
 
 Only :meth:`Settings.from_env` reads ``os.environ``; it is called by the CLI and the
 server at start-up, never at import time. Variables: ``DESKVM_STATE_DIR``,
-``DESKVM_LIBVIRT_URI``, ``DESKVM_TOKEN``, ``DESKVM_ACCEL`` (auto|kvm|tcg),
+``DESKVM_IMAGES_DIR``, ``DESKVM_LIBVIRT_URI``, ``DESKVM_TOKEN``, ``DESKVM_ACCEL`` (auto|kvm|tcg),
 ``DESKVM_MAX_SESSIONS``, ``DESKVM_BOOT_TIMEOUT_S``, ``DESKVM_DEFAULT_IMAGE``.
 """
 
@@ -43,10 +43,12 @@ class Settings:
     max_sessions: int = 4
     boot_timeout_s: float = 180.0
     default_image: str = "debian12-desktop"
+    images_dir_override: Path | None = None
 
     @property
     def images_dir(self) -> Path:
-        return self.state_dir / "images"
+        """Built base images (``DESKVM_IMAGES_DIR``, default ``<state_dir>/images``)."""
+        return self.images_dir_override or self.state_dir / "images"
 
     @property
     def sessions_dir(self) -> Path:
@@ -77,6 +79,8 @@ class Settings:
         try:
             if "DESKVM_STATE_DIR" in env:
                 values["state_dir"] = Path(env["DESKVM_STATE_DIR"])
+            if "DESKVM_IMAGES_DIR" in env:
+                values["images_dir_override"] = Path(env["DESKVM_IMAGES_DIR"])
             if "DESKVM_LIBVIRT_URI" in env:
                 values["libvirt_uri"] = env["DESKVM_LIBVIRT_URI"]
             if env.get("DESKVM_TOKEN"):

@@ -24,6 +24,7 @@ IMAGE = BootImage(
 SPEC = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1280, 800), memory_mib=2048, vcpus=2)
 PATHS = SessionPaths.under(Path("/var/lib/deskvm/sessions"), "abcdef012345")
 CREATED = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+OWNER = "/var/lib/deskvm/sessions"
 
 
 def check_golden(name: str, text: str) -> None:
@@ -38,7 +39,8 @@ def check_golden(name: str, text: str) -> None:
 @pytest.mark.parametrize("accel", ["tcg", "kvm"])
 def test_domain_xml_golden(accel: str) -> None:
     check_golden(
-        f"domain-{accel}.xml", render_domain_xml(SPEC, PATHS, accel=accel, created=CREATED)
+        f"domain-{accel}.xml",
+        render_domain_xml(SPEC, PATHS, accel=accel, created=CREATED, owner=OWNER),
     )  # type: ignore[arg-type]
 
 
@@ -69,3 +71,13 @@ def test_domain_names_carry_the_session_id() -> None:
     assert domain_name("abcdef012345") == "deskvm-abcdef012345"
     assert session_id_of("deskvm-abcdef012345") == "abcdef012345"
     assert session_id_of("someone-else") is None
+
+
+def test_metadata_owner_round_trip() -> None:
+    from orchestrator.hypervisor.domain_xml import METADATA_NS, metadata_owner
+
+    xml = render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED, owner=OWNER)
+    element = ET.fromstring(xml).find(f"metadata/{{{METADATA_NS}}}session")
+    assert element is not None
+    assert metadata_owner(ET.tostring(element, encoding="unicode")) == OWNER
+    assert metadata_owner("<not-xml") is None

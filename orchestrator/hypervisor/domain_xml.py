@@ -11,7 +11,14 @@ from datetime import datetime
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.spec import SessionSpec
 
-__all__ = ["DOMAIN_PREFIX", "METADATA_NS", "domain_name", "render_domain_xml", "session_id_of"]
+__all__ = [
+    "DOMAIN_PREFIX",
+    "METADATA_NS",
+    "domain_name",
+    "metadata_owner",
+    "render_domain_xml",
+    "session_id_of",
+]
 
 DOMAIN_PREFIX = "deskvm-"
 METADATA_NS = "https://deskvm.dev/xmlns/session/1"
@@ -41,6 +48,7 @@ def render_domain_xml(
     accel: Accel,
     created: datetime,
     nic: NicAttachment | None = None,
+    owner: str = "",
     emulator: str = "/usr/bin/qemu-system-x86_64",
 ) -> str:
     """The domain XML for one session.
@@ -57,6 +65,8 @@ def render_domain_xml(
         accel: ``"kvm"`` (domain type kvm, host CPU model) or ``"tcg"`` (type qemu).
         created: creation time, stored in the metadata (UTC).
         nic: bridge and MAC for the one NIC, or ``None`` for no network device at all.
+        owner: which deskvm installation owns the domain (its sessions directory); the
+            reaper of one installation never touches another's domains.
         emulator: QEMU binary.
 
     Returns:
@@ -75,6 +85,7 @@ def render_domain_xml(
         image=spec.image.name,
         image_hash=spec.image.content_hash,
         created=created.isoformat(),
+        owner=owner,
     )
     _sub(dom, "memory", str(spec.memory_mib), unit="MiB")
     _sub(dom, "currentMemory", str(spec.memory_mib), unit="MiB")
@@ -116,3 +127,11 @@ def render_domain_xml(
     _sub(devices, "memballoon", model="none")
     ET.indent(dom)
     return ET.tostring(dom, encoding="unicode") + "\n"
+
+
+def metadata_owner(metadata_xml: str) -> str | None:
+    """The ``owner`` attribute of a domain's deskvm metadata element, if present."""
+    try:
+        return ET.fromstring(metadata_xml).get("owner")
+    except ET.ParseError:
+        return None

@@ -18,7 +18,13 @@ import libvirt
 from orchestrator.display.qmp import QmpDisplay
 from orchestrator.errors import HypervisorError
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
-from orchestrator.hypervisor.domain_xml import domain_name, render_domain_xml, session_id_of
+from orchestrator.hypervisor.domain_xml import (
+    METADATA_NS,
+    domain_name,
+    metadata_owner,
+    render_domain_xml,
+    session_id_of,
+)
 from orchestrator.spec import SessionSpec, validate_session_id
 
 __all__ = ["LibvirtDomain", "LibvirtHypervisor", "open_connection"]
@@ -136,7 +142,12 @@ class LibvirtHypervisor:
                 check=True, capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             xml = render_domain_xml(
-                spec, paths, accel=self._accel, created=datetime.now(UTC), nic=nic
+                spec,
+                paths,
+                accel=self._accel,
+                created=datetime.now(UTC),
+                nic=nic,
+                owner=str(self._sessions_dir),
             )
             with self._lock:
                 dom = self._conn.createXML(xml, 0)
@@ -175,14 +186,22 @@ class LibvirtHypervisor:
         if failures:
             raise HypervisorError(f"teardown of {session_id} incomplete: " + "; ".join(failures))
 
+    def _owns(self, dom: libvirt.virDomain) -> bool:
+        try:
+            xml = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
+        except libvirt.libvirtError:
+            return False
+        return metadata_owner(xml) == str(self._sessions_dir)
+
     def list_sessions(self) -> set[str]:
+        """Session ids of this installation's domains (by metadata owner) and directories."""
         found: set[str] = set()
         try:
             with self._lock:
                 domains = self._conn.listAllDomains(0)
             for dom in domains:
                 sid = session_id_of(dom.name())
-                if sid is not None:
+                if sid is not None and self._owns(dom):
                     found.add(sid)
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot list domains: {exc.get_error_message()}") from exc
