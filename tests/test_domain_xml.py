@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hypervisor.base import NicAttachment, SessionPaths
+from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.hypervisor.domain_xml import domain_name, render_domain_xml, session_id_of
 from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
 
@@ -37,11 +37,9 @@ def check_golden(name: str, text: str) -> None:
 
 
 @pytest.mark.parametrize("accel", ["tcg", "kvm"])
-def test_domain_xml_golden(accel: str) -> None:
-    check_golden(
-        f"domain-{accel}.xml",
-        render_domain_xml(SPEC, PATHS, accel=accel, created=CREATED, owner=OWNER),
-    )  # type: ignore[arg-type]
+def test_domain_xml_golden(accel: Accel) -> None:
+    xml = render_domain_xml(SPEC, PATHS, accel=accel, created=CREATED, owner=OWNER)
+    check_golden(f"domain-{accel}.xml", xml)
 
 
 def test_domain_xml_with_nic_golden() -> None:
