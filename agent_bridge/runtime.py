@@ -81,6 +81,7 @@ def build_manager(settings: Settings) -> SessionManager:
         resolve_image=resolve,
         recordings_dir=settings.recordings_dir,
         max_sessions=settings.max_sessions,
+        capture_fps=settings.capture_fps,
     )
 
 

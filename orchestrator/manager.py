@@ -36,6 +36,7 @@ class SessionManager:
         max_sessions: concurrent live sessions (starting or ready).
         clock: time source.
         pacing: input pacing for every session.
+        capture_fps: continuous capture rate of every session (``None`` or 0: off).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class SessionManager:
         clock: Clock | None = None,
         pacing: Pacing | None = None,
         ready_poll_s: float = 0.5,
+        capture_fps: float | None = None,
     ) -> None:
         self.hypervisor = hypervisor
         self._resolve_image = resolve_image
@@ -56,6 +58,7 @@ class SessionManager:
         self._clock = clock or SystemClock()
         self._pacing = pacing
         self._ready_poll_s = ready_poll_s
+        self._capture_fps = capture_fps or None
         self._live: dict[str, Session] = {}
         self._ended: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
@@ -115,6 +118,7 @@ class SessionManager:
                 clock=self._clock,
                 pacing=self._pacing,
                 ready_poll_s=self._ready_poll_s,
+                capture_fps=self._capture_fps,
             )
             self._live[spec.session_id] = session
         if on_started is not None:

@@ -1,21 +1,31 @@
 """The recorder seam: every input, result, frame and decision, appended before it acts.
 
-A recording is a directory (the *bundle*)::
+A recording is a directory (the *bundle*, format version 2, specified in
+``docs/recording.md``)::
 
-    manifest.json   session, image, display, wall-clock start, monotonic origin, status
+    manifest.json   session, image, display, wall-clock start, monotonic origin, status;
+                    on close: counts, chain head, sha256 of every media file
     events.jsonl    one event per line (see :class:`Event`), hash-chained
-    frames/         PNG stills referenced by ``frame`` events (``frames/000017.png``)
+    frames/         PNG stills referenced by ``frame`` events (``frames/000017.png``);
+                    a still identical to an earlier one is referenced, not stored again
+    video/          continuous capture as H.264 MP4 segments (:mod:`orchestrator.video`)
 
 Each event line is canonical JSON with ``seq`` (0, 1, 2...), ``t_ns`` (``CLOCK_MONOTONIC``
 nanoseconds), ``kind``, ``source``, ``data`` and ``hash`` =
 ``sha256(previous hash + canonical JSON of the event without "hash")`` (hex; the first
 event chains from 64 zeros). Lines are flushed as written, so a crash leaves a readable
 prefix. The recording stays after the session ends.
+
+Secret text is never written: :meth:`Recorder.secret_digest` gives its length and an
+HMAC-SHA256 under a random per-recording key that lives only in memory (so equal secrets
+within one recording can be matched, but nothing in the bundle can confirm a guess).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import json
 import os
 import threading
@@ -24,8 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from PIL import Image
+
 from orchestrator.clock import Clock
 from orchestrator.errors import RecorderError
+from orchestrator.video import SegmentWriter, file_sha256
 
 __all__ = [
     "FORMAT_VERSION",
@@ -39,11 +52,11 @@ __all__ = [
     "chain_hash",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 GENESIS_HASH = "0" * 64
 
 EventKind = Literal[
-    "lifecycle", "input", "injected", "result", "error", "frame", "network", "marker"
+    "lifecycle", "input", "injected", "result", "error", "frame", "network", "marker", "media"
 ]
 Source = Literal["agent", "human", "qa", "system"]
 
@@ -113,8 +126,31 @@ class Recorder(Protocol):
     ) -> Event:
         """Store a PNG still and append the ``frame`` event that references it.
 
+        A still byte-identical to an earlier one is referenced, not written again.
+
         Raises:
             RecorderError: the frame could not be written.
+        """
+        ...
+
+    def add_capture(self, image: Image.Image, *, pts_ns: int, pixels: str) -> Event:
+        """Add one continuously captured frame to the video and append its ``frame`` event.
+
+        Args:
+            image: the frame as captured (display pixels).
+            pts_ns: monotonic capture time, ns.
+            pixels: :func:`orchestrator.video.pixel_hash` of ``image`` (the caller has
+                already skipped unchanged frames with it).
+
+        Raises:
+            RecorderError: the frame could not be encoded or the event not written.
+        """
+        ...
+
+    def secret_digest(self, text: str) -> dict[str, Any]:
+        """``{"length": n, "hmac_sha256": hex}`` of a secret under this recording's key.
+
+        The key is random per recording and never written anywhere.
         """
         ...
 
@@ -124,14 +160,19 @@ class Recorder(Protocol):
 
 
 class _ChainedLog:
-    """Shared sequencing and hashing of both recorders."""
+    """Shared sequencing, hashing and secret keying of both recorders."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._seq = 0
         self._head = GENESIS_HASH
         self._lock = threading.Lock()
+        self._secret_key = os.urandom(32)
         self.counts: dict[str, int] = {}
+
+    def secret_digest(self, text: str) -> dict[str, Any]:
+        mac = hmac.new(self._secret_key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+        return {"length": len(text), "hmac_sha256": mac}
 
     def _next(self, kind: EventKind, data: Mapping[str, Any], source: Source) -> Event:
         t_ns = self._clock.monotonic_ns()
@@ -146,12 +187,13 @@ class _ChainedLog:
 
 
 class MemoryRecorder(_ChainedLog):
-    """In-package fake recorder: keeps events and frames in memory."""
+    """In-package fake recorder: keeps events, stills and captured frames in memory."""
 
     def __init__(self, clock: Clock) -> None:
         super().__init__(clock)
         self.events: list[Event] = []
         self.frames: dict[int, bytes] = {}
+        self.captures: dict[int, Image.Image] = {}
         self.closed_status: str | None = None
 
     @property
@@ -177,6 +219,15 @@ class MemoryRecorder(_ChainedLog):
             self._commit(event)
             return event
 
+    def add_capture(self, image: Image.Image, *, pts_ns: int, pixels: str) -> Event:
+        with self._lock:
+            data = {"pts_ns": pts_ns, "reason": "capture", "pixels": pixels}
+            event = self._next("frame", data, "system")
+            self.events.append(event)
+            self.captures[event.seq] = image.copy()
+            self._commit(event)
+            return event
+
     def close(self, *, status: str = "closed") -> None:
         self.closed_status = status
 
@@ -188,17 +239,28 @@ class FileRecorder(_ChainedLog):
         path: the bundle directory.
         clock: source of ``t_ns`` and the wall-clock start.
         manifest: session facts for ``manifest.json`` (session id, image, display...).
+        segment_s: length of a video segment in seconds of capture (a crash loses at most
+            the segment being written).
 
     Raises:
         RecorderError: the directory exists or cannot be created.
     """
 
-    def __init__(self, path: Path, clock: Clock, manifest: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock,
+        manifest: Mapping[str, Any],
+        *,
+        segment_s: float = 10.0,
+    ) -> None:
         super().__init__(clock)
         self._path = path
+        self._segment_ns = int(segment_s * 1e9)
         try:
             path.mkdir(parents=True, exist_ok=False)
             (path / "frames").mkdir()
+            (path / "video").mkdir()
             self._events = (path / "events.jsonl").open("a", encoding="utf-8")
         except OSError as exc:
             raise RecorderError(f"cannot create recording at {path}: {exc}") from exc
@@ -211,6 +273,9 @@ class FileRecorder(_ChainedLog):
             "status": "recording",
         }
         self._closed = False
+        self._stills: dict[str, str] = {}  # sha256 of PNG bytes -> file
+        self._segment: SegmentWriter | None = None
+        self._segments = 0
         self._write_manifest()
 
     @property
@@ -246,27 +311,85 @@ class FileRecorder(_ChainedLog):
         with self._lock:
             if self._closed:
                 raise RecorderError("the recording is closed")
-            name = f"frames/{self._seq:06d}.png"
-            try:
-                (self._path / name).write_bytes(png)
-            except OSError as exc:
-                raise RecorderError(f"cannot write frame {name}: {exc}") from exc
-            data = {"file": name, "pts_ns": pts_ns, "reason": reason, "bytes": len(png)}
+            sha = hashlib.sha256(png).hexdigest()
+            name = self._stills.get(sha)
+            if name is None:
+                name = f"frames/{self._seq:06d}.png"
+                try:
+                    with (self._path / name).open("wb") as f:
+                        f.write(png)
+                except OSError as exc:
+                    raise RecorderError(f"cannot write frame {name}: {exc}") from exc
+                self._stills[sha] = name
+            data = {
+                "file": name, "pts_ns": pts_ns, "reason": reason, "bytes": len(png),
+                "sha256": sha,
+            }  # fmt: skip
             event = self._next("frame", data, source)
             self._write(event)
             return event
+
+    def add_capture(self, image: Image.Image, *, pts_ns: int, pixels: str) -> Event:
+        with self._lock:
+            if self._closed:
+                raise RecorderError("the recording is closed")
+            segment = self._segment
+            if (
+                segment is not None
+                and segment.first_pts_ns is not None
+                and pts_ns - segment.first_pts_ns >= self._segment_ns
+            ):
+                self._finish_segment()
+                segment = None
+            if segment is None:
+                name = f"video/{self._segments:06d}.mp4"
+                self._segments += 1
+                segment = SegmentWriter(
+                    self._path / name, width_px=image.width, height_px=image.height
+                )
+                self._segment = segment
+            index = segment.add(image, pts_ns=pts_ns)
+            data = {
+                "video": f"video/{segment.path.name}", "index": index, "pts_ns": pts_ns,
+                "reason": "capture", "pixels": pixels,
+            }  # fmt: skip
+            event = self._next("frame", data, "system")
+            self._write(event)
+            return event
+
+    def _finish_segment(self) -> None:
+        # Called with the lock held: close the segment, then chain its hash.
+        segment, self._segment = self._segment, None
+        if segment is None:
+            return
+        segment.close()
+        name = f"video/{segment.path.name}"
+        data = {
+            "file": name, "sha256": file_sha256(segment.path),
+            "bytes": segment.path.stat().st_size, "frames": segment.frames,
+            "first_pts_ns": segment.first_pts_ns, "last_pts_ns": segment.last_pts_ns,
+        }  # fmt: skip
+        self._write(self._next("media", data, "system"))
 
     def close(self, *, status: str = "closed") -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            with contextlib.suppress(RecorderError):
+                self._finish_segment()
             self._events.close()
+            media: dict[str, str] = {}
+            for sub in ("frames", "video"):
+                for file in sorted((self._path / sub).iterdir()):
+                    with contextlib.suppress(RecorderError):
+                        media[f"{sub}/{file.name}"] = file_sha256(file)
             self._manifest.update(
                 status=status,
                 ended_at=self._clock.wall().isoformat(),
                 event_count=self._seq,
                 counts=dict(self.counts),
                 chain_head=self._head,
+                media=media,
             )
             self._write_manifest()

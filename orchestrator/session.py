@@ -25,6 +25,7 @@ from agent_bridge.protocol.actions import (
     Action,
     CursorPosition,
     Screenshot,
+    Type,
     Wait,
     Zoom,
     action_name,
@@ -32,6 +33,7 @@ from agent_bridge.protocol.actions import (
 )
 from agent_bridge.protocol.messages import check_bounds
 from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result
+from orchestrator.capture import FrameCapture
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
 from orchestrator.errors import BootTimeout, DeskvmError, HypervisorError, SessionClosed
@@ -88,6 +90,8 @@ class Session:
         pacing: input pacing.
         nic: network attachment for sessions with an egress policy (``None``: no NIC).
         ready_poll_s: how often readiness is checked during boot.
+        capture_fps: continuous capture rate once ready (frames per second; ``None``: no
+            continuous capture and no stills at input moments, only screenshots).
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class Session:
         pacing: Pacing | None = None,
         nic: NicAttachment | None = None,
         ready_poll_s: float = 0.5,
+        capture_fps: float | None = None,
     ) -> None:
         self.spec = spec
         self._hypervisor = hypervisor
@@ -120,6 +125,9 @@ class Session:
         self.closed_reason: str | None = None
         self._guest_log_snapshot = b""
         self._console_snapshot = ""
+        self._capture_fps = capture_fps
+        self._frames: FrameCapture | None = None
+        self._secrets: list[str] = []
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -186,6 +194,11 @@ class Session:
                 raise SessionClosed(f"session {self.id} was closed while starting")
             self._state = "ready"
         self._recorder.append("lifecycle", {"event": "ready", "boot_s": round(self.boot_s, 3)})
+        if self._capture_fps is not None and self._domain is not None:
+            self._frames = FrameCapture(
+                self._domain.display, self._recorder, self._clock, fps=self._capture_fps
+            )
+            self._frames.start()
 
     def _wait_ready(self, t0_ns: int) -> None:
         assert self._domain is not None
@@ -243,6 +256,10 @@ class Session:
         # Called without the action lock held so that a close interrupts a long action.
         self.closed_reason = reason
         errors: list[str] = []
+        if self._frames is not None:
+            self._frames.stop()
+            with contextlib.suppress(DeskvmError):
+                self._frames.still(reason="closing")
         if self._domain is not None:
             with contextlib.suppress(DeskvmError):
                 self._guest_log_snapshot = self._domain.read_guest_log()
@@ -266,8 +283,15 @@ class Session:
     def _write_guest_log_copy(self) -> None:
         path = self._recorder.path
         if path is not None:
+            guest_log = self._guest_log_snapshot
+            for secret in self._secrets:
+                # The guest may echo secret text; the recording keeps only its digest.
+                mark = "[secret length={length} hmac_sha256={hmac_sha256}]".format(
+                    **self._recorder.secret_digest(secret)
+                )
+                guest_log = guest_log.replace(secret.encode(), mark.encode())
             with contextlib.suppress(OSError):
-                (path / "guest.log").write_bytes(self._guest_log_snapshot)
+                (path / "guest.log").write_bytes(guest_log)
                 (path / "console.log").write_text(self._console_snapshot)
 
     # --- observation ----------------------------------------------------------------
@@ -315,8 +339,13 @@ class Session:
                 raise SessionClosed(f"session {self.id} is {self._state}")
             assert self._domain is not None
             record: dict[str, Any] = {"action": action_to_dict(action)}
+            secret = action.text if isinstance(action, Type) and action.secret else ""
+            if secret:
+                record["action"].update(self._recorder.secret_digest(secret))
+                if secret not in self._secrets:
+                    self._secrets.append(secret)
             if raw is not None:
-                record["raw"] = dict(raw)
+                record["raw"] = _scrub(raw, secret) if secret else dict(raw)
             try:
                 check_bounds(action, display.width_px, display.height_px)
                 steps = plan_action(action, self._pacing)
@@ -326,7 +355,15 @@ class Session:
                 raise
             self._recorder.append("input", record, source=source)
             try:
-                if steps:
+                if self._frames is not None:
+                    self._frames.still(reason="input", source=source)
+                if steps and secret:
+                    count = sum(len(s.events) for s in steps)
+                    self._recorder.append(
+                        "injected", {"events": None, "count": count, "secret": True},
+                        source=source,
+                    )  # fmt: skip
+                elif steps:
                     self._recorder.append(
                         "injected",
                         {"events": [_describe(e) for s in steps for e in s.events]},
@@ -387,12 +424,16 @@ class Session:
 
     def _capture(self, source: Source, box: tuple[int, int, int, int] | None = None) -> ImageResult:
         assert self._domain is not None
-        pts_ns = self._clock.monotonic_ns()
-        image = self._domain.display.screendump()
-        png = encode_png(image)
-        frame_seq = self._recorder.add_frame(
-            png, pts_ns=pts_ns, reason="screenshot", source=source
-        ).seq
+        if self._frames is not None:
+            event, image, png = self._frames.still(reason="screenshot", source=source)
+            frame_seq = event.seq
+        else:
+            pts_ns = self._clock.monotonic_ns()
+            image = self._domain.display.screendump()
+            png = encode_png(image)
+            frame_seq = self._recorder.add_frame(
+                png, pts_ns=pts_ns, reason="screenshot", source=source
+            ).seq
         if box is not None:
             image = image.crop(box)
             png = encode_png(image)
@@ -422,6 +463,17 @@ def _describe(event: InputEvent) -> str:
             return f"key {'down' if down else 'up'} {q}"
         case _:
             return f"wheel {event.direction}"
+
+
+def _scrub(raw: Any, secret: str) -> Any:
+    """``raw`` with every string containing ``secret`` replaced by ``"[secret]"``."""
+    if isinstance(raw, str):
+        return "[secret]" if secret in raw else raw
+    if isinstance(raw, Mapping):
+        return {k: _scrub(v, secret) for k, v in raw.items()}
+    if isinstance(raw, list | tuple):
+        return [_scrub(v, secret) for v in raw]
+    return raw
 
 
 def _result_record(action: Action, result: Result) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Only :meth:`Settings.from_env` reads ``os.environ``; it is called by the CLI and the
 server at start-up, never at import time. Variables: ``DESKVM_STATE_DIR``,
 ``DESKVM_IMAGES_DIR``, ``DESKVM_LIBVIRT_URI``, ``DESKVM_TOKEN``, ``DESKVM_ACCEL`` (auto|kvm|tcg),
-``DESKVM_MAX_SESSIONS``, ``DESKVM_BOOT_TIMEOUT_S``, ``DESKVM_DEFAULT_IMAGE``.
+``DESKVM_MAX_SESSIONS``, ``DESKVM_BOOT_TIMEOUT_S``, ``DESKVM_DEFAULT_IMAGE``,
+``DESKVM_CAPTURE_FPS`` (0 turns continuous capture off).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Settings:
         max_sessions: concurrent sessions the server accepts.
         boot_timeout_s: default boot deadline.
         default_image: image used when a request names none.
+        capture_fps: continuous capture rate of every session, frames per second
+            (``0``: off; stills of screenshots are kept either way).
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -44,6 +47,7 @@ class Settings:
     boot_timeout_s: float = 180.0
     default_image: str = "debian12-desktop"
     images_dir_override: Path | None = None
+    capture_fps: float = 2.0
 
     @property
     def images_dir(self) -> Path:
@@ -93,6 +97,8 @@ class Settings:
                 values["boot_timeout_s"] = float(env["DESKVM_BOOT_TIMEOUT_S"])
             if "DESKVM_DEFAULT_IMAGE" in env:
                 values["default_image"] = env["DESKVM_DEFAULT_IMAGE"]
+            if "DESKVM_CAPTURE_FPS" in env:
+                values["capture_fps"] = float(env["DESKVM_CAPTURE_FPS"])
         except ValueError as exc:
             raise ConfigError(f"malformed DESKVM_* environment variable: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -101,6 +107,8 @@ class Settings:
             raise ConfigError(f"accel must be auto, kvm or tcg, not {settings.accel!r}")
         if settings.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
+        if not 0 <= settings.capture_fps <= 30:
+            raise ConfigError("capture_fps must be between 0 (off) and 30")
         return settings
 
     def replace(self, **changes: Any) -> Settings:
