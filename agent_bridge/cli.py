@@ -43,7 +43,9 @@ app = typer.Typer(
 image_app = typer.Typer(
     help="Build and list VM base images (offline, from the host's apt sources)."
 )
-replay_app = typer.Typer(help="Inspect recordings (the directory each session writes).")
+replay_app = typer.Typer(
+    help="Inspect, verify, export, view and rerun recordings (the directory each session writes)."
+)
 app.add_typer(image_app, name="image")
 app.add_typer(replay_app, name="replay")
 
@@ -336,6 +338,146 @@ def replay_info(path: Annotated[Path, typer.Argument(help="A recording directory
     else:
         out.print(f"  chain     [red]broken at event {s.first_bad_seq}[/]")
         raise typer.Exit(1)
+
+
+@replay_app.command("verify")
+@_errors
+def replay_verify(path: Annotated[Path, typer.Argument(help="A recording directory.")]) -> None:
+    """Recompute the hash chain and every media hash; name the first bad event.
+
+    Exit code 0: intact and closed. 1: changed, removed, reordered or truncated (the first
+    bad event is named). 2: intact as far as it goes but not closed (the writer crashed
+    or is still writing).
+    """
+    from orchestrator.replay import verify
+
+    report = verify(path)
+    out.print(f"[bold]recording[/] {path}")
+    out.print(f"  events    {report.events} complete, last at {report.last_t_s:.3f} s")
+    out.print(f"  media     {report.media_checked} files hashed")
+    if report.unfinished_video:
+        out.print(f"  video     unfinished segments: {', '.join(report.unfinished_video)}")
+    if report.ok:
+        out.print("  verdict   [green]intact and closed[/]")
+        return
+    if report.first_bad_seq is not None:
+        out.print(f"  verdict   [red]bad at event {report.first_bad_seq}[/]: {report.problem}")
+        raise typer.Exit(1)
+    if report.closed:
+        out.print(f"  verdict   [red]{report.problem}[/]")
+        raise typer.Exit(1)
+    out.print(f"  verdict   [yellow]{report.problem}[/]")
+    raise typer.Exit(2)
+
+
+def _seconds(text: str) -> float:
+    value = text.strip().removesuffix("s")
+    try:
+        return float(value)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a time like 12.5s") from None
+
+
+@replay_app.command("frames")
+@_errors
+def replay_frames(
+    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    at: Annotated[
+        list[str], typer.Option("--at", help="Time since the recording's start, e.g. 12.5s.")
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Where to write the PNGs.")] = Path("."),
+) -> None:
+    """Write the frame shown at each --at time as PNG (frame-<t>s.png, full resolution)."""
+    from orchestrator.replay import Recording
+
+    recording = Recording(path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for text in at:
+        t_s = _seconds(text)
+        seq, image = recording.frame_at(t_s)
+        target = out_dir / f"frame-{t_s:.3f}s.png"
+        image.save(target)
+        out.print(f"{target}  (frame event {seq}, {image.width}x{image.height})")
+
+
+@replay_app.command("export")
+@_errors
+def replay_export(
+    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Output file (mp4) or directory.")],
+    mp4: Annotated[bool, typer.Option("--mp4", help="Video, cursor and clicks drawn.")] = False,
+    osworld: Annotated[
+        bool, typer.Option("--osworld", help="OSWorld-style traj.jsonl + step screenshots.")
+    ] = False,
+    jsonl: Annotated[
+        bool, typer.Option("--jsonl", help="steps.jsonl: (screenshot before, action, after).")
+    ] = False,
+    fps: Annotated[float, typer.Option(help="Frame rate of --mp4.")] = 5.0,
+) -> None:
+    """Export a recording as a video, an OSWorld trajectory or a step dataset."""
+    from orchestrator.replay import export_jsonl, export_mp4, export_osworld
+
+    if [mp4, osworld, jsonl].count(True) != 1:
+        raise typer.BadParameter("choose exactly one of --mp4, --osworld, --jsonl")
+    if mp4:
+        frames = export_mp4(path, out_path, fps=fps)
+        out.print(f"{out_path}: {frames} frames at {fps:g} fps")
+    elif osworld:
+        steps = export_osworld(path, out_path)
+        out.print(f"{out_path}/traj.jsonl: {steps} steps")
+    else:
+        steps = export_jsonl(path, out_path)
+        out.print(f"{out_path}/steps.jsonl: {steps} steps")
+
+
+@replay_app.command("view")
+@_errors
+def replay_view(
+    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1 (0: any free one).")] = 8766,
+) -> None:
+    """Serve the browser replay viewer for one recording on 127.0.0.1 (Ctrl-C stops)."""
+    import secrets
+
+    from agent_bridge.server import run_server
+    from agent_bridge.viewer import viewer_app
+    from orchestrator.replay import Recording
+
+    Recording(path)  # fail early on a bad path
+    token = secrets.token_urlsafe(18)
+    console.print(f"open http://127.0.0.1:{port}/replay/local/#token={token}")
+    run_server(viewer_app(path.resolve(), token=token), host="127.0.0.1", port=port)
+
+
+@replay_app.command("rerun")
+@_errors
+def replay_rerun(
+    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    state_dir: StateDir = None,
+) -> None:
+    """Boot the recording's image afresh, replay its inputs with their timing, compare.
+
+    Refuses if the image's content hash differs from the recorded one. Prints per step
+    the SSIM of the screen at the input moment (1.0: identical) and the new recording.
+    """
+    from agent_bridge.runtime import build_manager
+    from orchestrator.rerun import rerun
+
+    settings = _settings(state_dir)
+    manager = build_manager(settings)
+    table = Table("step", "action", "t (s)", "SSIM", "note")
+
+    def show(row: Any) -> None:
+        ssim = "-" if row.ssim is None else f"{row.ssim:.4f}"
+        label = "final" if row.index < 0 else str(row.index)
+        table.add_row(label, row.action, f"{row.t_s:.2f}", ssim, row.note)
+
+    with console.status("rerunning (boot, then the recorded inputs in real time)..."):
+        report = rerun(path, manager, boot_timeout_s=settings.boot_timeout_s, on_step=show)
+    out.print(table)
+    out.print(f"new recording: {report.rerun}")
+    low = report.min_ssim
+    out.print(f"lowest SSIM: {'-' if low is None else f'{low:.4f}'}")
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 import anyio
@@ -47,6 +48,7 @@ from agent_bridge.protocol.messages import (
     parse_deskvm_action,
 )
 from agent_bridge.protocol.results import Done, Result, to_deskvm_result
+from agent_bridge.viewer import replay_router
 from orchestrator.errors import (
     BootTimeout,
     ConfigError,
@@ -473,6 +475,17 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
     # -- auth ---------------------------------------------------------------------------
 
     authed = [Depends(_TokenGuard(token))]
+
+    # The browser replay viewer over this server's recordings (agent_bridge/viewer.py).
+    def recordings() -> list[tuple[str, Path]]:
+        root = manager.recordings_dir
+        return sorted((p.name, p) for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+    app.include_router(
+        replay_router(
+            lambda name: manager.recordings_dir / name, recordings, data_dependencies=authed
+        )
+    )
 
     def base_url(request: Request) -> str:
         return str(request.base_url)

@@ -137,6 +137,19 @@ class SessionManager:
             while len(self._ended) > _HISTORY:
                 self._ended.popitem(last=False)
 
+    def resolve_image(self, name: str) -> BootImage:
+        """The built image called ``name`` (with its content hash).
+
+        Raises:
+            ImageNotFound: no such image is built.
+        """
+        return self._resolve_image(name)
+
+    @property
+    def recordings_dir(self) -> Path:
+        """Where each session's recording directory is created."""
+        return self._recordings_dir
+
     def get(self, session_id: str) -> Session:
         """The live or recently ended session with this id.
 
