@@ -162,12 +162,12 @@ class Recorder(Protocol):
 class _ChainedLog:
     """Shared sequencing, hashing and secret keying of both recorders."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, secret_key: bytes | None = None) -> None:
         self._clock = clock
         self._seq = 0
         self._head = GENESIS_HASH
         self._lock = threading.Lock()
-        self._secret_key = os.urandom(32)
+        self._secret_key = secret_key if secret_key is not None else os.urandom(32)
         self.counts: dict[str, int] = {}
 
     def secret_digest(self, text: str) -> dict[str, Any]:
@@ -189,8 +189,8 @@ class _ChainedLog:
 class MemoryRecorder(_ChainedLog):
     """In-package fake recorder: keeps events, stills and captured frames in memory."""
 
-    def __init__(self, clock: Clock) -> None:
-        super().__init__(clock)
+    def __init__(self, clock: Clock, *, secret_key: bytes | None = None) -> None:
+        super().__init__(clock, secret_key)
         self.events: list[Event] = []
         self.frames: dict[int, bytes] = {}
         self.captures: dict[int, Image.Image] = {}
@@ -241,6 +241,8 @@ class FileRecorder(_ChainedLog):
         manifest: session facts for ``manifest.json`` (session id, image, display...).
         segment_s: length of a video segment in seconds of capture (a crash loses at most
             the segment being written).
+        secret_key: HMAC key for secret text (default: 32 random bytes; pass one only in
+            tests that need reproducible bytes, it must never be stored).
 
     Raises:
         RecorderError: the directory exists or cannot be created.
@@ -253,8 +255,9 @@ class FileRecorder(_ChainedLog):
         manifest: Mapping[str, Any],
         *,
         segment_s: float = 10.0,
+        secret_key: bytes | None = None,
     ) -> None:
-        super().__init__(clock)
+        super().__init__(clock, secret_key)
         self._path = path
         self._segment_ns = int(segment_s * 1e9)
         try:
