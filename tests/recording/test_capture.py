@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _mean_abs_diff(a: Image.Image, b: Image.Image) -> float:
     return float(
-        np.abs(np.asarray(a.convert("RGB"), np.int16) - np.asarray(b.convert("RGB"), np.int16))
-        .mean()
+        np.abs(
+            np.asarray(a.convert("RGB"), np.int16) - np.asarray(b.convert("RGB"), np.int16)
+        ).mean()
     )
 
 
@@ -76,7 +77,9 @@ def test_capture_loop_records_changes_into_the_video(tmp_path: Path) -> None:
     for still in stills[:5]:
         pts = still["data"]["pts_ns"]
         twin = [e for e in captures if e["data"]["pts_ns"] <= pts][-1]
-        diff = _mean_abs_diff(recording.frame_image(still["seq"]), recording.frame_image(twin["seq"]))
+        diff = _mean_abs_diff(
+            recording.frame_image(still["seq"]), recording.frame_image(twin["seq"])
+        )
         assert diff < 3.0, diff
     # frame_at: the latest frame at or before the time.
     last = captures[-1]
@@ -91,7 +94,9 @@ sys.path.insert(0, {root!r})
 from pathlib import Path
 from orchestrator.clock import SystemClock
 from tests.recording.conftest import record
-actions = [{{"action": "move", "x": (37 * i) % 600 + 5, "y": (11 * i) % 380 + 5}} for i in range(100000)]
+actions = [
+    {{"action": "move", "x": (37 * i) % 600 + 5, "y": (11 * i) % 380 + 5}} for i in range(100000)
+]
 record(Path({path!r}), clock=SystemClock(), actions=actions, capture_fps=10, segment_s=0.5,
        between=lambda: time.sleep(0.02))
 """
@@ -109,9 +114,11 @@ def test_kill_9_leaves_a_verifiable_prefix(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            media = (bundle / "events.jsonl").read_bytes().count(b'"kind":"media"') if (
-                bundle / "events.jsonl"
-            ).exists() else 0
+            media = (
+                (bundle / "events.jsonl").read_bytes().count(b'"kind":"media"')
+                if (bundle / "events.jsonl").exists()
+                else 0
+            )
             if media >= 2:
                 break
             time.sleep(0.1)
@@ -132,7 +139,7 @@ def test_kill_9_leaves_a_verifiable_prefix(tmp_path: Path) -> None:
         assert decode_segment(bundle / name), name
     # The frame shown at the very end is still available (from a still or a finished
     # segment, never from the torn one).
-    seq, image = recording.frame_at(recording.duration_s + 1)
+    _, image = recording.frame_at(recording.duration_s + 1)
     assert image.size == (640, 400)
     result = CliRunner().invoke(app, ["replay", "verify", str(bundle)])
     assert result.exit_code == 2, result.output
@@ -168,7 +175,9 @@ def test_cli_frames_and_export(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert Image.open(tmp_path / "f" / "frame-0.500s.png").size == (640, 400)
-    result = runner.invoke(app, ["replay", "export", str(bundle), "--jsonl", "--out", str(tmp_path / "j")])
+    result = runner.invoke(
+        app, ["replay", "export", str(bundle), "--jsonl", "--out", str(tmp_path / "j")]
+    )
     assert result.exit_code == 0, result.output
     assert runner.invoke(app, ["replay", "verify", str(bundle)]).exit_code == 0
     lines = (bundle / "events.jsonl").read_bytes().splitlines(keepends=True)

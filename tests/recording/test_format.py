@@ -86,6 +86,7 @@ def test_secret_text_is_only_a_length_and_keyed_hash(tmp_path: Path) -> None:
         assert b"hunter2" not in blob.replace(b"echo hunter2", b"")
         log = (bundle / "guest.log").read_bytes()
         assert b"hunter2" not in log and b"[secret length=7 hmac_sha256=" in log
+
     def secret_of(bundle: Path) -> dict[str, Any]:
         for line in (bundle / "events.jsonl").read_text().splitlines():
             event = json.loads(line)
@@ -93,6 +94,7 @@ def test_secret_text_is_only_a_length_and_keyed_hash(tmp_path: Path) -> None:
             if event["kind"] == "input" and action.get("secret"):
                 return dict(action)
         raise AssertionError("no secret input")
+
     sa, sb = secret_of(a), secret_of(b)
     assert sa["text"] is None and sa["length"] == 7
     # The key is per recording and not stored: the same secret hashes differently.

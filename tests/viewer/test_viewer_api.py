@@ -37,7 +37,9 @@ def test_standalone_viewer(bundle: Path) -> None:
     tl = client.get("/replay/local/timeline.json", headers=AUTH).json()
     recording = Recording(bundle)
     assert len(tl["events"]) == len(recording.events)
-    click = next(e for e in tl["events"] if e["kind"] == "input" and e["data"]["action"]["action"] == "click")
+    click = next(
+        e for e in tl["events"] if e["kind"] == "input" and e["data"]["action"]["action"] == "click"
+    )
     assert click["cursor"] == [200, 150]
     seq = click["frame_seq"]
     png = client.get(f"/replay/local/frames/{seq}.png", headers=AUTH)

@@ -32,14 +32,17 @@ _PIXELS = """() => {
   const c = document.getElementById("frame");
   const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
   let s = ""; const chunk = 0x8000;
-  for (let i = 0; i < d.length; i += chunk) s += String.fromCharCode.apply(null, d.subarray(i, i + chunk));
+  for (let i = 0; i < d.length; i += chunk)
+    s += String.fromCharCode.apply(null, d.subarray(i, i + chunk));
   return [c.width, c.height, Number(c.dataset.seq), btoa(s)];
 }"""
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return record(tmp_path_factory.mktemp("rec") / "abcdefgh2345", clock=SystemClock(), capture_fps=5)
+    return record(
+        tmp_path_factory.mktemp("rec") / "abcdefgh2345", clock=SystemClock(), capture_fps=5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,11 @@ def test_clicking_an_event_shows_its_exact_frame(page: Page, bundle: Path) -> No
 
 def test_click_overlay_is_drawn_at_the_click(page: Page, bundle: Path) -> None:
     recording = Recording(bundle)
-    click = next(e for e in recording.events if e["kind"] == "input" and e["data"]["action"]["action"] == "click")
+    click = next(
+        e
+        for e in recording.events
+        if e["kind"] == "input" and e["data"]["action"]["action"] == "click"
+    )
     page.click(f"#events div[data-seq='{click['seq']}']")
     rgba = page.evaluate(
         "() => Array.from(document.getElementById('overlay').getContext('2d')"
