@@ -223,7 +223,8 @@ def viewer_app(bundle: Path, *, token: str) -> FastAPI:
 
     app.include_router(
         replay_router(
-            resolve, lambda: [("local", bundle)], data_dependencies=[Depends(TokenCheck(token))])
+            resolve, lambda: [("local", bundle)], data_dependencies=[Depends(TokenCheck(token))]
+        )
     )
 
     @app.get("/", include_in_schema=False)
