@@ -240,6 +240,7 @@ def serve(
     )
     console.print(f"token: [bold]{token_value}[/]  (also in {settings.token_file})")
     console.print(f"docs:  http://{host}:{port}/docs   protocol: docs/protocol.md")
+    console.print(f"replay viewer: http://{host}:{port}/replay/#token={token_value}")
     run_server(app_, host=host, port=port)
 
 

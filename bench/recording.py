@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import random
 import resource
 import statistics
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from agent_bridge.viewer import timeline
 from orchestrator.clock import FakeClock
 from orchestrator.recorder import FileRecorder
 from orchestrator.replay import Recording
@@ -167,6 +169,12 @@ def seek_bench(root: Path, *, minutes: float, fps: float) -> None:
         f"{len(recording.events)} events, {size / 1e6:.1f} MB, built in {build_s:.0f} s)"
     )
     print(f"  open (parse events, index frames)     {open_s * 1000:8.1f} ms")
+    t0 = time.perf_counter()
+    body = json.dumps(timeline(recording))
+    print(
+        f"  viewer timeline.json (build + encode) {(time.perf_counter() - t0) * 1000:8.1f} ms,"
+        f" {len(body) / 1e6:.1f} MB"
+    )
     print(
         f"  random event -> PNG, cold segment     median {statistics.median(cold) * 1000:6.1f} ms"
         f"   max {max(cold) * 1000:6.1f} ms"

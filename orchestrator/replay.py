@@ -310,18 +310,34 @@ class Recording:
             self.manifest.get("monotonic_origin_ns", self.events[0]["t_ns"] if self.events else 0)
         )
         finished = {str(e["data"].get("file")) for e in self.events if e.get("kind") == "media"}
-        # Frames sorted by pts: (pts_ns, seq). Captures of unfinished segments are only
-        # usable if the segment decodes; stills always are.
+        # Frames sorted by pts: (pts_ns, seq). Captures of an unfinished segment (a crash,
+        # or the segment a live session is writing) are left out unless it decodes.
         self._frames: list[tuple[int, int]] = []
-        self._unfinished = set()
+        self._input_still: dict[int, int] = {}  # input seq -> its input-moment still
+        readable: dict[str, int] = {}
+        last_input: int | None = None
         for e in self.events:
-            if e.get("kind") != "frame":
+            kind, data, seq = e.get("kind"), e.get("data") or {}, int(e["seq"])
+            if kind == "input":
+                last_input = seq
+            elif kind == "result" or kind == "error":
+                last_input = None
+            if kind != "frame":
                 continue
-            data = e["data"]
-            if "video" in data and data["video"] not in finished:
-                self._unfinished.add(str(data["video"]))
-            self._frames.append((int(data.get("pts_ns", e["t_ns"])), int(e["seq"])))
+            if data.get("reason") == "input" and last_input is not None:
+                self._input_still.setdefault(last_input, seq)
+            video = data.get("video")
+            if video is not None and video not in finished:
+                if video not in readable:
+                    try:
+                        readable[video] = len(decode_segment(bundle / video))
+                    except RecorderError:
+                        readable[video] = 0
+                if int(data.get("index", 0)) >= readable[video]:
+                    continue
+            self._frames.append((int(data.get("pts_ns", e["t_ns"])), seq))
         self._frames.sort()
+        self._indexed = {seq for _, seq in self._frames}
         self._pts = [p for p, _ in self._frames]
 
     @property
@@ -340,10 +356,17 @@ class Recording:
         return self._frames[i - 1][1] if i else None
 
     def frame_seq_for_event(self, seq: int) -> int | None:
-        """The frame shown when event ``seq`` happened (a frame event is its own)."""
+        """The frame shown when event ``seq`` happened.
+
+        A readable frame event is its own; an ``input`` event's is the still taken at its
+        input moment (after it was recorded, before it was injected) when there is one;
+        otherwise the latest frame at or before the event's time.
+        """
         event = self.events[seq]
-        if event.get("kind") == "frame":
+        if event.get("kind") == "frame" and seq in self._indexed:
             return seq
+        if seq in self._input_still:
+            return self._input_still[seq]
         return self.frame_seq_at(self.t_s(event))
 
     def frame_image(self, seq: int) -> Image.Image:
@@ -552,10 +575,12 @@ def export_mp4(bundle: Path, out: Path, *, fps: float = 5.0) -> int:
         if e.get("kind") == "input"
         and e["data"].get("action", {}).get("action") in ("click", "mouse_down", "drag")
     ]
-    inputs = [
-        (recording.t_s(e), int(e["seq"])) for e in recording.events if e.get("kind") == "input"
-    ]
-    input_times = [t for t, _ in inputs]
+    pointer: list[tuple[float, tuple[int, int]]] = []
+    for e in recording.events:
+        point = _point(e["data"].get("action", {})) if e.get("kind") == "input" else None
+        if point is not None:
+            pointer.append((recording.t_s(e), point))
+    pointer_times = [t for t, _ in pointer]
     seq0 = recording.frame_seq_at(recording.duration_s)
     if seq0 is None:
         raise RecorderError(f"{bundle} has no frames to export")
@@ -568,8 +593,8 @@ def export_mp4(bundle: Path, out: Path, *, fps: float = 5.0) -> int:
             _, image = recording.frame_at(t)
             image = image.copy()
             draw = ImageDraw.Draw(image)
-            i = bisect.bisect_right(input_times, t)
-            cursor = recording.cursor_at(inputs[i - 1][1]) if i else None
+            i = bisect.bisect_right(pointer_times, t)
+            cursor = pointer[i - 1][1] if i else None
             if cursor is not None:
                 x, y = cursor
                 draw.ellipse((x - 9, y - 9, x + 9, y + 9), outline=(255, 0, 0), width=3)

@@ -141,6 +141,12 @@ def test_kill_9_leaves_a_verifiable_prefix(tmp_path: Path) -> None:
     # segment, never from the torn one).
     _, image = recording.frame_at(recording.duration_s + 1)
     assert image.size == (640, 400)
+    # Every frame the reader indexes (what the viewer and the exports use) is readable;
+    # the torn segment's frames are left out, not served broken.
+    for event in recording.events:
+        seq = recording.frame_seq_for_event(int(event["seq"]))
+        if seq is not None and event["kind"] == "frame" and seq == event["seq"]:
+            assert recording.frame_image(seq).size == (640, 400)
     result = CliRunner().invoke(app, ["replay", "verify", str(bundle)])
     assert result.exit_code == 2, result.output
     assert "not closed" in result.output
