@@ -106,6 +106,7 @@ class FrameCapture:
         pixels = pixel_hash(image)
         if pixels == self._last_pixels:
             self.skipped += 1
+            self._recorder.tick(pts_ns)
             return None
         event = self._recorder.add_capture(image, pts_ns=pts_ns, pixels=pixels)
         self._last_pixels = pixels

@@ -154,6 +154,15 @@ class Recorder(Protocol):
         """
         ...
 
+    def tick(self, now_ns: int) -> None:
+        """Finish the open video segment if it began ``segment_s`` or more before
+        ``now_ns`` (so that an idle screen's last frames reach a finished file too).
+
+        Raises:
+            RecorderError: the segment could not be finished.
+        """
+        ...
+
     def close(self, *, status: str = "closed") -> None:
         """Finish the recording (idempotent)."""
         ...
@@ -227,6 +236,9 @@ class MemoryRecorder(_ChainedLog):
             self.captures[event.seq] = image.copy()
             self._commit(event)
             return event
+
+    def tick(self, now_ns: int) -> None:
+        return None
 
     def close(self, *, status: str = "closed") -> None:
         self.closed_status = status
@@ -359,6 +371,17 @@ class FileRecorder(_ChainedLog):
             event = self._next("frame", data, "system")
             self._write(event)
             return event
+
+    def tick(self, now_ns: int) -> None:
+        with self._lock:
+            segment = self._segment
+            if (
+                not self._closed
+                and segment is not None
+                and segment.first_pts_ns is not None
+                and now_ns - segment.first_pts_ns >= self._segment_ns
+            ):
+                self._finish_segment()
 
     def _finish_segment(self) -> None:
         # Called with the lock held: close the segment, then chain its hash.

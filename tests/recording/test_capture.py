@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from agent_bridge.cli import app
 from orchestrator.capture import FrameCapture
-from orchestrator.clock import SystemClock
+from orchestrator.clock import FakeClock, SystemClock
 from orchestrator.display.base import AbsMove
 from orchestrator.display.fake import FakeDisplay
-from orchestrator.recorder import MemoryRecorder
+from orchestrator.recorder import FileRecorder, MemoryRecorder
 from orchestrator.replay import (
     Recording,
     export_jsonl,
@@ -92,7 +92,7 @@ _CHILD = """
 import sys, time
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from orchestrator.clock import SystemClock
+from orchestrator.clock import FakeClock, SystemClock
 from tests.recording.conftest import record
 actions = [
     {{"action": "move", "x": (37 * i) % 600 + 5, "y": (11 * i) % 380 + 5}} for i in range(100000)
@@ -190,3 +190,20 @@ def test_cli_frames_and_export(tmp_path: Path) -> None:
     (bundle / "events.jsonl").write_bytes(b"".join(lines[:3] + lines[4:]))
     result = runner.invoke(app, ["replay", "verify", str(bundle)])
     assert result.exit_code == 1 and "bad at event 3" in result.output
+
+
+def test_an_idle_screen_still_finishes_its_segment(tmp_path: Path) -> None:
+    clock = FakeClock()
+    recorder = FileRecorder(tmp_path / "rec", clock, {"session_id": "x"}, segment_s=1.0)
+    display = FakeDisplay(320, 200)
+    capture = FrameCapture(display, recorder, clock, fps=2)
+    assert capture.capture_once() is not None
+    clock.advance(0.5)
+    assert capture.capture_once() is None
+    assert not (tmp_path / "rec" / "events.jsonl").read_text().count('"media"')
+    clock.advance(0.6)
+    assert capture.capture_once() is None  # unchanged, but the segment is now 1.1 s old
+    events = (tmp_path / "rec" / "events.jsonl").read_text()
+    assert events.count('"kind":"media"') == 1
+    recorder.close()
+    assert verify(tmp_path / "rec").ok
