@@ -283,16 +283,17 @@ class Session:
     def _write_guest_log_copy(self) -> None:
         path = self._recorder.path
         if path is not None:
-            guest_log = self._guest_log_snapshot
+            guest_log, console = self._guest_log_snapshot, self._console_snapshot
             for secret in self._secrets:
                 # The guest may echo secret text; the recording keeps only its digest.
                 mark = "[secret length={length} hmac_sha256={hmac_sha256}]".format(
                     **self._recorder.secret_digest(secret)
                 )
                 guest_log = guest_log.replace(secret.encode(), mark.encode())
+                console = console.replace(secret, mark)
             with contextlib.suppress(OSError):
                 (path / "guest.log").write_bytes(guest_log)
-                (path / "console.log").write_text(self._console_snapshot)
+                (path / "console.log").write_text(console)
 
     # --- observation ----------------------------------------------------------------
 
