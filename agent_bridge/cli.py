@@ -217,17 +217,40 @@ def serve(
         ),
     ] = None,
     max_sessions: Annotated[int | None, typer.Option(help="Concurrent sessions accepted.")] = None,
+    max_total_memory_mib: Annotated[
+        int | None,
+        typer.Option(help="Sum of live sessions' memory hard limits accepted, MiB."),
+    ] = None,
+    session_ttl_s: Annotated[
+        float | None, typer.Option(help="Default maximum session lifetime, seconds.")
+    ] = None,
+    idle_timeout_s: Annotated[
+        float | None, typer.Option(help="Default idle timeout (no action), seconds.")
+    ] = None,
+    allowed_origin: Annotated[
+        list[str] | None,
+        typer.Option(help="WebSocket Origin accepted from browsers (repeatable)."),
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Run the bridge server: REST to create sessions, a WebSocket per session for actions.
 
     The token is printed once and kept in <state-dir>/token (mode 0600). Sessions still
-    running at shutdown (Ctrl-C) are destroyed.
+    running at shutdown (Ctrl-C) are destroyed. Leftovers of dead servers are reaped at
+    start and every few seconds; sessions past their TTL or idle timeout are ended.
     """
     from agent_bridge.runtime import build_manager, ensure_token
     from agent_bridge.server import create_app, run_server
 
-    settings = _settings(state_dir, token=token, max_sessions=max_sessions)
+    settings = _settings(
+        state_dir,
+        token=token,
+        max_sessions=max_sessions,
+        max_total_memory_mib=max_total_memory_mib,
+        session_ttl_s=session_ttl_s,
+        idle_timeout_s=idle_timeout_s,
+        allowed_origins=tuple(allowed_origin) if allowed_origin else None,
+    )
     manager = build_manager(settings)
     reaped = manager.reap()
     if reaped:

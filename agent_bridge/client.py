@@ -296,6 +296,12 @@ class Client:
         memory_mib: int = 2048,
         vcpus: int = 2,
         boot_timeout_s: float | None = None,
+        *,
+        cpu_quota_pct: int | None = None,
+        disk_mib: int | None = None,
+        ttl_s: float | None = None,
+        idle_timeout_s: float | None = None,
+        approval: Mapping[str, Any] | None = None,
     ) -> Session:
         """Create a session and wait until its desktop is drawn.
 
@@ -307,6 +313,10 @@ class Client:
             vcpus: virtual CPUs.
             boot_timeout_s: boot deadline, seconds; ``None`` for the server's default.
                 The HTTP call waits this long plus a margin (or 15 minutes without one).
+            cpu_quota_pct, disk_mib, ttl_s, idle_timeout_s: host-enforced limits (see
+                ``docs/protocol.md``); ``None`` for the server's defaults.
+            approval: the approval policy (``{"kinds": [...], "key_combos": [...],
+                "text_patterns": [...], "every_action": bool, "timeout_s": s}``).
 
         Returns:
             The ready session (its WebSocket opens on the first action).
@@ -326,6 +336,15 @@ class Client:
             body["image"] = image
         if boot_timeout_s is not None:
             body["boot_timeout_s"] = boot_timeout_s
+        for key, value in (
+            ("cpu_quota_pct", cpu_quota_pct),
+            ("disk_mib", disk_mib),
+            ("ttl_s", ttl_s),
+            ("idle_timeout_s", idle_timeout_s),
+            ("approval", dict(approval) if approval is not None else None),
+        ):
+            if value is not None:
+                body[key] = value
         wait_s = (boot_timeout_s + _BOOT_MARGIN_S) if boot_timeout_s is not None else 900.0
         response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return Session(self, SessionInfo.from_json(response.json()))
@@ -337,6 +356,33 @@ class Client:
             RemoteError: ``session_not_found``.
         """
         return Session(self, self.get_session(session_id), schema=schema)
+
+    def mint_token(
+        self,
+        session_id: str,
+        scope: Literal["view", "control", "admin"],
+        *,
+        ttl_s: float | None = None,
+        single_use: bool = False,
+    ) -> dict[str, Any]:
+        """Mint a token bound to one session (needs the admin token or a session admin token).
+
+        Returns:
+            ``{"token", "token_id", "session_id", "scope", "expires_at", "single_use"}``;
+            pass ``token`` to ``Client(url, token)`` to act with that scope.
+
+        Raises:
+            RemoteError: ``forbidden`` (403), ``invalid_config`` (422: ``ttl_s`` too long).
+        """
+        body: dict[str, Any] = {"scope": scope, "single_use": single_use}
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        response = self._request("POST", f"/v1/sessions/{session_id}/tokens", json=body)
+        return dict(response.json())
+
+    def revoke_token(self, session_id: str, token_id: str) -> None:
+        """Revoke a minted token (idempotent)."""
+        self._request("DELETE", f"/v1/sessions/{session_id}/tokens/{token_id}")
 
     def list_sessions(self) -> list[SessionInfo]:
         """Live sessions, then recently ended ones."""

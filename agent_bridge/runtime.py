@@ -82,6 +82,8 @@ def build_manager(settings: Settings) -> SessionManager:
         recordings_dir=settings.recordings_dir,
         max_sessions=settings.max_sessions,
         capture_fps=settings.capture_fps,
+        max_total_memory_mib=settings.max_total_memory_mib,
+        memory_overhead_mib=settings.memory_overhead_mib,
     )
 
 

@@ -18,11 +18,14 @@ logged, never echoed and never read from the URL.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hmac
 import importlib
 import json
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,13 +36,21 @@ import anyio
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from agent_bridge.protocol.actions import Action
+from agent_bridge.protocol.actions import (
+    Action,
+    CursorPosition,
+    Screenshot,
+    Type,
+    Zoom,
+    action_name,
+    action_to_dict,
+)
 from agent_bridge.protocol.messages import (
     ClientId,
     decode_envelope,
@@ -47,8 +58,16 @@ from agent_bridge.protocol.messages import (
     encode_result,
     parse_deskvm_action,
 )
-from agent_bridge.protocol.results import Done, Result, to_deskvm_result
+from agent_bridge.protocol.results import Done, ImageResult, Result, to_deskvm_result
+from agent_bridge.tokens import Claims, Scope, TokenAuthority, TokenError, scope_allows
 from agent_bridge.viewer import replay_router
+from orchestrator.approval import (
+    ApprovalDenied,
+    ApprovalDesk,
+    ApprovalPolicy,
+    ApprovalTimeout,
+    PendingAction,
+)
 from orchestrator.errors import (
     BootTimeout,
     ConfigError,
@@ -118,8 +137,13 @@ STATUS_BY_CODE: dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "unauthorized": 401,
+    "forbidden": 403,
+    "pending_not_found": 404,
     "session_closed": 409,
+    "rate_limited": 429,
     "over_capacity": 503,
+    "over_memory": 503,
+    "insufficient_disk": 503,
     "boot_timeout": 504,
     "hypervisor_error": 502,
     "display_error": 502,
@@ -145,6 +169,93 @@ class DisplayModel(_Strict):
     height: int = Field(800, ge=MIN_DISPLAY_PX, le=MAX_DISPLAY_PX, description="pixels")
 
 
+class ApprovalPolicyModel(_Strict):
+    """Which actions wait for an operator (see ``orchestrator.approval.ApprovalPolicy``)."""
+
+    every_action: bool = Field(False, description="supervised mode: hold every action")
+    kinds: list[str] = Field(default_factory=list, description="action names to hold")
+    key_combos: list[str] = Field(
+        default_factory=list, description="key combos to hold, e.g. 'ctrl+alt+delete'"
+    )
+    text_patterns: list[str] = Field(
+        default_factory=list, description="regular expressions on typed text (re.search)"
+    )
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds to decide; then deny")
+    include_observations: bool = Field(
+        False, description="supervised mode also holds screenshot/zoom/cursor_position"
+    )
+
+    def to_policy(self) -> ApprovalPolicy:
+        """Raises: ConfigError: bad combo or pattern."""
+        return ApprovalPolicy(
+            every_action=self.every_action,
+            kinds=tuple(self.kinds),
+            key_combos=tuple(self.key_combos),
+            text_patterns=tuple(self.text_patterns),
+            timeout_s=self.timeout_s,
+            include_observations=self.include_observations,
+        )
+
+    @classmethod
+    def of(cls, policy: ApprovalPolicy) -> ApprovalPolicyModel:
+        return cls(
+            every_action=policy.every_action,
+            kinds=list(policy.kinds),
+            key_combos=list(policy.key_combos),
+            text_patterns=list(policy.text_patterns),
+            timeout_s=policy.timeout_s,
+            include_observations=policy.include_observations,
+        )
+
+
+class LimitsModel(BaseModel):
+    """Host-enforced limits of a session."""
+
+    memory_hard_limit_mib: int = Field(description="guest RAM + QEMU overhead, cgroup max")
+    cpu_quota_pct: int | None = Field(description="percent of one host core; null: none")
+    disk_mib: int | None = Field(description="guest disk cap; null: the image's size")
+    ttl_s: float | None = Field(description="maximum lifetime, seconds")
+    idle_timeout_s: float | None = Field(description="idle timeout, seconds")
+
+
+class MintTokenRequest(_Strict):
+    """Body of ``POST /v1/sessions/{id}/tokens``."""
+
+    scope: Literal["view", "control", "admin"] = Field(
+        description="view: frames only; control: actions; admin: lifecycle and policy"
+    )
+    ttl_s: float | None = Field(None, gt=0, description="lifetime, seconds; default 900")
+    single_use: bool = Field(False, description="valid for one WebSocket connection only")
+
+
+class TokenInfo(BaseModel):
+    """A minted token (the ``token`` itself is shown only once, in the mint response)."""
+
+    token: str | None = Field(None, description="the bearer credential; only when minted")
+    token_id: str = Field(description="handle for revocation (safe to log)")
+    session_id: str
+    scope: Literal["view", "control", "admin"]
+    expires_at: datetime = Field(description="UTC")
+    single_use: bool
+
+
+class PendingInfo(BaseModel):
+    """An action held for an operator's decision."""
+
+    pending_id: str
+    session_id: str
+    action: dict[str, Any] = Field(description="the held action, deskvm form")
+    reason: str = Field(description="which rule held it")
+    seconds_left: float = Field(description="until it is denied automatically")
+    frame_url: str = Field(description="PNG of the screen when it was held")
+
+
+class DecisionRequest(_Strict):
+    """Body of ``POST /v1/sessions/{id}/pending/{pending_id}``."""
+
+    decision: Literal["approve", "deny"]
+
+
 class CreateSessionRequest(_Strict):
     """Body of ``POST /v1/sessions``; every field is optional."""
 
@@ -158,6 +269,31 @@ class CreateSessionRequest(_Strict):
     vcpus: int = Field(2, ge=1, le=16, description="virtual CPUs")
     boot_timeout_s: float | None = Field(
         None, gt=0, le=3600, description="seconds until the desktop must be drawn"
+    )
+    cpu_quota_pct: int | None = Field(
+        None,
+        ge=1,
+        le=1600,
+        description="host CPU the domain may use, percent of one core (<= 100 * vcpus);"
+        " null: no quota",
+    )
+    disk_mib: int | None = Field(
+        None,
+        ge=256,
+        le=1024 * 1024,
+        description="guest disk cap, MiB (>= the image's size); null: the image's size",
+    )
+    ttl_s: float | None = Field(
+        None, gt=0, le=7 * 86400, description="maximum lifetime, seconds; default: server's"
+    )
+    idle_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=7 * 86400,
+        description="end after this many seconds without an action; default: server's",
+    )
+    approval: ApprovalPolicyModel | None = Field(
+        None, description="actions held for an operator's approval; null: none"
     )
 
 
@@ -185,6 +321,7 @@ class SessionInfo(BaseModel):
     recording: str | None = Field(description="recording bundle directory (kept after end)")
     cursor: CursorModel
     closed_reason: str | None
+    limits: LimitsModel | None = None
 
 
 class HealthResponse(BaseModel):
@@ -210,7 +347,7 @@ class ErrorBody(BaseModel):
 
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (401, 404, 409, 422, 502, 503, 504)
+    status: {"model": ErrorBody} for status in (401, 403, 404, 409, 422, 429, 502, 503, 504)
 }
 
 
@@ -285,7 +422,9 @@ def _error_response(
     if status is None:
         default = 400 if isinstance(exc, ProtocolError) else 500
         status = STATUS_BY_CODE.get(exc.code, default)
-    if exc.code == "over_capacity":
+    if exc.code == "unauthorized":
+        headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
+    if exc.code in ("over_capacity", "over_memory", "insufficient_disk", "rate_limited"):
         headers = {"Retry-After": "5", **(headers or {})}
     return JSONResponse({"error": detail}, status_code=status, headers=headers)
 
@@ -363,6 +502,13 @@ def _info(session: Session, book: _Book, base_url: str, accel: str) -> SessionIn
         recording=str(path) if path is not None else None,
         cursor=CursorModel(x=x, y=y),
         closed_reason=session.closed_reason,
+        limits=LimitsModel(
+            memory_hard_limit_mib=spec.memory_mib + spec.memory_overhead_mib,
+            cpu_quota_pct=spec.cpu_quota_pct,
+            disk_mib=spec.disk_mib,
+            ttl_s=spec.ttl_s,
+            idle_timeout_s=spec.idle_timeout_s,
+        ),
     )
 
 
@@ -394,22 +540,232 @@ class _TokenGuard:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Principal:
+    """Who made a request: the server's admin token or a scoped session token."""
+
+    who: str  # "admin" or "token:<token_id>" (safe to log and record)
+    scope: Scope
+    claims: Claims | None
+
+
+def _authorize(
+    offered: str | None,
+    admin_token: str,
+    authority: TokenAuthority,
+    session_id: str,
+    need: Scope,
+    *,
+    use: bool = False,
+) -> _Principal:
+    """The principal behind ``offered`` for a request on ``session_id`` needing ``need``.
+
+    Raises:
+        TokenError: ``unauthorized`` or ``forbidden``.
+    """
+    if offered is None:
+        raise TokenError("missing bearer token: send 'Authorization: Bearer <token>'")
+    if _token_ok(offered, admin_token):
+        return _Principal("admin", "admin", None)
+    claims = authority.verify(offered, session_id=session_id, need=need, use=use)
+    return _Principal(f"token:{claims.token_id}", claims.scope, claims)
+
+
+class _SessionGuard:
+    """FastAPI dependency for ``/v1/sessions/{session_id}/...``: the admin token, or a session
+    token for that session with at least scope ``need``. Tokens in the URL are never read.
+    The admin token and the authority are the app's (``app.state.deskvm_auth``).
+    """
+
+    def __init__(self, need: Scope) -> None:
+        self._need = need
+
+    async def __call__(
+        self,
+        request: Request,
+        session_id: str,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    ) -> _Principal:
+        """Raises: TokenError: 401 ``unauthorized``, 403 ``forbidden``."""
+        admin_token, authority = request.app.state.deskvm_auth
+        offered = None if credentials is None else credentials.credentials
+        return _authorize(offered, admin_token, authority, session_id, self._need)
+
+
+_AdminPrincipal = Annotated[_Principal, Depends(_SessionGuard("admin"))]
+
+
+class _Bucket:
+    """A token bucket: ``rate_per_s`` refill, ``burst`` capacity (monotonic seconds)."""
+
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._level = burst
+        self._t = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, amount: float) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            self._level = min(self.burst, self._level + (now - self._t) * self.rate_per_s)
+            self._t = now
+            if amount > self._level:
+                return False
+            self._level -= amount
+            return True
+
+
+class _RateLimits:
+    """Per-session limits on actions and typed characters, shared by its connections."""
+
+    def __init__(self, actions_per_s: float, chars_per_s: float) -> None:
+        self._actions_per_s = actions_per_s
+        self._chars_per_s = chars_per_s
+        self._buckets: dict[str, tuple[_Bucket, _Bucket]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, session_id: str, actions: Sequence[Action]) -> None:
+        """Raises: DeskvmError: code ``rate_limited``."""
+        with self._lock:
+            if session_id not in self._buckets:
+                self._buckets[session_id] = (
+                    _Bucket(self._actions_per_s, 2 * self._actions_per_s),
+                    _Bucket(self._chars_per_s, 2 * self._chars_per_s),
+                )
+            action_bucket, char_bucket = self._buckets[session_id]
+        chars = sum(len(a.text) for a in actions if isinstance(a, Type))
+        if not action_bucket.take(len(actions)):
+            raise DeskvmError(
+                f"more than {self._actions_per_s:g} actions/s on this session; slow down",
+                code="rate_limited",
+            )
+        if chars and not char_bucket.take(chars):
+            raise DeskvmError(
+                f"more than {self._chars_per_s:g} typed characters/s on this session",
+                code="rate_limited",
+            )
+
+    def forget(self, known: set[str]) -> None:
+        with self._lock:
+            for session_id in [k for k in self._buckets if k not in known]:
+                del self._buckets[session_id]
+
+
+_OBSERVATIONS = (Screenshot, Zoom, CursorPosition)
+_FLOOD_STRIKES = 10
+"""Rate-limited messages in a row after which a WebSocket is closed (1008)."""
+
+
+def _gate(
+    session: Session, action: Action, policy: ApprovalPolicy | None, desk: ApprovalDesk
+) -> None:
+    """Hold ``action`` for an operator if ``policy`` says so; return only if approved.
+
+    The request (with the frame the operator sees) and the decision (with who decided)
+    are appended to the session's recording.
+
+    Raises:
+        ApprovalDenied: an operator denied it (or the session ended meanwhile).
+        ApprovalTimeout: nobody decided before ``policy.timeout_s``.
+    """
+    reason = policy.reason(action) if policy is not None else None
+    if reason is None or policy is None:
+        return
+    frame, frame_seq = b"", None
+    with contextlib.suppress(DeskvmError):
+        shot = session.execute(Screenshot(), source="system")
+        if isinstance(shot, ImageResult):
+            frame, frame_seq = shot.data, shot.frame_seq
+    item = desk.file(session.id, action, reason, timeout_s=policy.timeout_s, frame_png=frame)
+    session.recorder.append(
+        "approval",
+        {
+            "event": "requested",
+            "pending_id": item.pending_id,
+            "action": action_to_dict(action),
+            "reason": reason,
+            "frame_seq": frame_seq,
+            "timeout_s": policy.timeout_s,
+        },
+        source="agent",
+    )
+    desk.wait(item, still_wanted=lambda: session.state == "ready")
+    by = item.decided_by or "unknown"
+    session.recorder.append(
+        "approval",
+        {
+            "event": "decided",
+            "pending_id": item.pending_id,
+            "decision": item.decision,
+            "by": by,
+        },
+        source="system" if by in ("timeout", "session ended") else "human",
+    )
+    if item.decision == "approve":
+        return
+    if by == "timeout":
+        raise ApprovalTimeout(
+            f"no operator approved {action_name(action)} ({reason}) within"
+            f" {policy.timeout_s:g} s; it was not executed"
+        )
+    raise ApprovalDenied(
+        f"{action_name(action)} ({reason}) was denied by {by}; it was not executed"
+    )
+
+
+def _pending_info(item: PendingAction, base_url: str) -> PendingInfo:
+    left_s = max(0.0, (item.deadline_ns - time.monotonic_ns()) / 1e9)
+    return PendingInfo(
+        pending_id=item.pending_id,
+        session_id=item.session_id,
+        action=action_to_dict(item.action),
+        reason=item.reason,
+        seconds_left=round(left_s, 3),
+        frame_url=f"{base_url.rstrip('/')}/v1/sessions/{item.session_id}/pending/"
+        f"{item.pending_id}/frame",
+    )
+
+
+def _token_info(claims: Claims, token: str | None = None) -> TokenInfo:
+    return TokenInfo(
+        token=token,
+        token_id=claims.token_id,
+        session_id=claims.session_id,
+        scope=claims.scope,
+        expires_at=datetime.fromtimestamp(claims.expires_at, UTC),
+        single_use=claims.single_use,
+    )
+
+
 # --- the application -------------------------------------------------------------------
 
 
-def create_app(manager: SessionManager, *, token: str, settings: Settings | None = None) -> FastAPI:
+def create_app(
+    manager: SessionManager,
+    *,
+    token: str,
+    settings: Settings | None = None,
+    authority: TokenAuthority | None = None,
+    desk: ApprovalDesk | None = None,
+) -> FastAPI:
     """The bridge's ASGI application.
 
     Args:
         manager: creates, finds and deletes sessions (its hypervisor decides real or fake).
-        token: the bearer token every REST call (except ``/healthz`` and the OpenAPI
-            pages) and every WebSocket must present. Compared in constant time; never logged.
-        settings: supplies ``default_image`` and ``boot_timeout_s`` for requests that name
-            none (default: :class:`~orchestrator.settings.Settings` defaults).
+        token: the server's admin bearer token: every REST call (except ``/healthz`` and
+            the OpenAPI pages) and every WebSocket must present it or a session token it
+            minted. Compared in constant time; never logged.
+        settings: supplies ``default_image``, ``boot_timeout_s``, default limits, token
+            lifetimes, the Origin allowlist, rate limits and the sweep interval (default:
+            :class:`~orchestrator.settings.Settings` defaults).
+        authority: mints and verifies session tokens (default: a fresh random secret).
+        desk: where actions held for approval wait (default: a new one).
 
     Returns:
-        A FastAPI app. Its lifespan closes every live session (``manager.close_all``) on
-        shutdown.
+        A FastAPI app. Its lifespan runs ``manager.sweep`` (TTL, idle timeout, reaper) at
+        start and every ``settings.sweep_interval_s`` in a background thread, and closes
+        every live session (``manager.close_all``) on shutdown.
 
     Raises:
         ConfigError: ``token`` is empty.
@@ -418,12 +774,40 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
         raise ConfigError("the bridge needs a non-empty bearer token")
     settings = settings or Settings()
     book = _Book()
+    authority = authority or TokenAuthority(
+        default_ttl_s=settings.token_ttl_s, max_ttl_s=settings.token_max_ttl_s
+    )
+    desk = desk or ApprovalDesk()
+    policies: dict[str, ApprovalPolicy] = {}
+    limits = _RateLimits(settings.max_actions_per_s, settings.max_typed_chars_per_s)
+
+    def sweep_once() -> None:
+        try:
+            expired, reaped = manager.sweep()
+        except Exception:
+            log.exception("session sweep failed")
+            return
+        for session_id in expired:
+            log.info("session %s ended: ttl or idle timeout", session_id)
+        if reaped:
+            log.warning("reaped leftovers of unknown sessions: %s", ", ".join(reaped))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+
+        def sweeper() -> None:
+            while not stop.wait(settings.sweep_interval_s):
+                sweep_once()
+
+        await anyio.to_thread.run_sync(sweep_once)
+        thread = threading.Thread(target=sweeper, name="deskvm-sweeper", daemon=True)
+        thread.start()
         try:
             yield
         finally:
+            stop.set()
+            await anyio.to_thread.run_sync(lambda: thread.join(timeout=30))
             errors = await anyio.to_thread.run_sync(
                 lambda: manager.close_all(reason="server shutdown")
             )
@@ -475,6 +859,9 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
     # -- auth ---------------------------------------------------------------------------
 
     authed = [Depends(_TokenGuard(token))]
+    app.state.deskvm_auth = (token, authority)
+    can_view = _SessionGuard("view")
+    can_admin = _SessionGuard("admin")
 
     # The browser replay viewer over this server's recordings (agent_bridge/viewer.py).
     def recordings() -> list[tuple[str, Path]]:
@@ -512,15 +899,19 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
         """Start a session; answers 201 once its desktop is drawn.
 
         On failure nothing is left behind: 404 ``image_not_found``, 422 ``invalid_config``,
-        503 ``over_capacity``, 504 ``boot_timeout`` (with ``console_tail``), 502
+        503 ``over_capacity`` / ``over_memory`` / ``insufficient_disk`` (with
+        ``Retry-After``), 504 ``boot_timeout`` (with ``console_tail``), 502
         ``hypervisor_error``. If the client disconnects while the session boots, the
         session is deleted.
         """
         display = DisplaySpec(width_px=body.display.width, height_px=body.display.height)
+        policy = body.approval.to_policy() if body.approval is not None else None
         started: list[Session] = []
 
         def on_started(session: Session) -> None:
             book.created_at[session.id] = datetime.now(UTC)
+            if policy is not None and not policy.empty:
+                policies[session.id] = policy
             started.append(session)
 
         def create() -> Session:
@@ -531,11 +922,19 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
                 vcpus=body.vcpus,
                 boot_timeout_s=body.boot_timeout_s or settings.boot_timeout_s,
                 on_started=on_started,
+                cpu_quota_pct=body.cpu_quota_pct,
+                disk_mib=body.disk_mib,
+                ttl_s=body.ttl_s or settings.session_ttl_s,
+                idle_timeout_s=body.idle_timeout_s or settings.idle_timeout_s,
             )
 
         session = await _run_unless_disconnected(request, create, started, manager)
         book.ready_at[session.id] = datetime.now(UTC)
-        book.prune({s.id for s in manager.all()})
+        known = {s.id for s in manager.all()}
+        book.prune(known)
+        limits.forget(known)
+        for session_id in [k for k in policies if k not in known]:
+            del policies[session_id]
         log.info("session %s ready in %.1f s", session.id, session.boot_s or 0.0)
         return _info(session, book, base_url(request), accel())
 
@@ -553,7 +952,7 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
     @app.get(
         "/v1/sessions/{session_id}",
         response_model=SessionInfo,
-        dependencies=authed,
+        dependencies=[Depends(can_view)],
         responses=_ERROR_RESPONSES,
         tags=["sessions"],
     )
@@ -564,7 +963,7 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
     @app.delete(
         "/v1/sessions/{session_id}",
         response_model=SessionInfo,
-        dependencies=authed,
+        dependencies=[Depends(can_admin)],
         responses=_ERROR_RESPONSES,
         tags=["sessions"],
     )
@@ -574,6 +973,7 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
         Deleting an ended session answers 200 again with its final state. 502
         ``hypervisor_error`` if a teardown step failed (the session is retired anyway).
         """
+        desk.deny_all(session_id, by="session deleted")
         session = await anyio.to_thread.run_sync(
             lambda: manager.delete(session_id, reason="deleted by client")
         )
@@ -582,7 +982,7 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
     @app.get(
         "/v1/sessions/{session_id}/guest-log",
         response_class=PlainTextResponse,
-        dependencies=authed,
+        dependencies=[Depends(can_view)],
         responses={**_ERROR_RESPONSES, 200: {"content": {"text/plain": {}}}},
         tags=["sessions"],
     )
@@ -595,10 +995,155 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
         data = await anyio.to_thread.run_sync(session.guest_log)
         return PlainTextResponse(data[offset:].decode("utf-8", errors="replace"))
 
+    # -- tokens -------------------------------------------------------------------------
+
+    @app.post(
+        "/v1/sessions/{session_id}/tokens",
+        status_code=201,
+        response_model=TokenInfo,
+        responses=_ERROR_RESPONSES,
+        tags=["tokens"],
+    )
+    async def mint_token(
+        session_id: str,
+        body: MintTokenRequest,
+        principal: _AdminPrincipal,
+    ) -> TokenInfo:
+        """Mint a token bound to this session with a scope and an expiry.
+
+        Needs the admin token or an ``admin`` token of this session; a token never mints a
+        wider scope than its own. The token is in this response only; keep it secret.
+        422 if ``ttl_s`` exceeds the server's maximum.
+        """
+        manager.get(session_id)
+        if not scope_allows(principal.scope, body.scope):
+            raise TokenError(
+                f"a {principal.scope} token cannot mint {body.scope}", code="forbidden"
+            )
+        minted, claims = authority.mint(
+            session_id, body.scope, ttl_s=body.ttl_s, single_use=body.single_use
+        )
+        log.info("minted token %s (%s) for %s by %s", claims.token_id, claims.scope, session_id,
+                 principal.who)  # fmt: skip
+        return _token_info(claims, minted)
+
+    @app.get(
+        "/v1/sessions/{session_id}/tokens",
+        response_model=list[TokenInfo],
+        dependencies=[Depends(can_admin)],
+        responses=_ERROR_RESPONSES,
+        tags=["tokens"],
+    )
+    async def list_tokens(session_id: str) -> list[TokenInfo]:
+        """Unexpired, unrevoked tokens of this session (ids and scopes, never the tokens)."""
+        return [_token_info(c) for c in authority.issued(session_id)]
+
+    @app.delete(
+        "/v1/sessions/{session_id}/tokens/{token_id}",
+        status_code=204,
+        dependencies=[Depends(can_admin)],
+        responses=_ERROR_RESPONSES,
+        tags=["tokens"],
+    )
+    async def revoke_token(session_id: str, token_id: str) -> Response:
+        """Revoke a token of this session: refused from now on (idempotent)."""
+        authority.revoke(token_id)
+        return Response(status_code=204)
+
+    # -- approvals ----------------------------------------------------------------------
+
+    @app.get(
+        "/v1/sessions/{session_id}/approval-policy",
+        response_model=ApprovalPolicyModel,
+        dependencies=[Depends(can_admin)],
+        responses=_ERROR_RESPONSES,
+        tags=["approvals"],
+    )
+    async def get_policy(session_id: str) -> ApprovalPolicyModel:
+        """The session's approval policy (empty: nothing is held)."""
+        manager.get(session_id)
+        return ApprovalPolicyModel.of(policies.get(session_id) or ApprovalPolicy())
+
+    @app.put(
+        "/v1/sessions/{session_id}/approval-policy",
+        response_model=ApprovalPolicyModel,
+        responses=_ERROR_RESPONSES,
+        tags=["approvals"],
+    )
+    async def put_policy(
+        session_id: str,
+        body: ApprovalPolicyModel,
+        principal: _AdminPrincipal,
+    ) -> ApprovalPolicyModel:
+        """Replace the session's approval policy (recorded with who set it)."""
+        session = manager.get(session_id)
+        policy = body.to_policy()
+        policies[session_id] = policy
+        with contextlib.suppress(DeskvmError):
+            session.recorder.append(
+                "approval",
+                {"event": "policy", "policy": body.model_dump(), "by": principal.who},
+                source="human",
+            )
+        return ApprovalPolicyModel.of(policy)
+
+    @app.get(
+        "/v1/sessions/{session_id}/pending",
+        response_model=list[PendingInfo],
+        dependencies=[Depends(can_admin)],
+        responses=_ERROR_RESPONSES,
+        tags=["approvals"],
+    )
+    async def list_pending(request: Request, session_id: str) -> list[PendingInfo]:
+        """Actions of this session waiting for a decision, oldest first."""
+        return [_pending_info(p, base_url(request)) for p in desk.pending(session_id)]
+
+    @app.get(
+        "/v1/sessions/{session_id}/pending/{pending_id}/frame",
+        response_class=Response,
+        dependencies=[Depends(can_admin)],
+        responses={**_ERROR_RESPONSES, 200: {"content": {"image/png": {}}}},
+        tags=["approvals"],
+    )
+    async def pending_frame(session_id: str, pending_id: str) -> Response:
+        """The screen (PNG) when the action was held."""
+        for item in desk.pending(session_id):
+            if item.pending_id == pending_id:
+                return Response(item.frame_png, media_type="image/png")
+        raise DeskvmError(f"no pending action {pending_id!r}", code="pending_not_found")
+
+    @app.post(
+        "/v1/sessions/{session_id}/pending/{pending_id}",
+        response_model=PendingInfo,
+        responses=_ERROR_RESPONSES,
+        tags=["approvals"],
+    )
+    async def decide(
+        request: Request,
+        session_id: str,
+        pending_id: str,
+        body: DecisionRequest,
+        principal: _AdminPrincipal,
+    ) -> PendingInfo:
+        """Approve or deny a held action (404 ``pending_not_found`` once decided/expired)."""
+        if not any(p.pending_id == pending_id for p in desk.pending(session_id)):
+            raise DeskvmError(f"no pending action {pending_id!r}", code="pending_not_found")
+        item = desk.decide(pending_id, body.decision, by=principal.who)
+        return _pending_info(item, base_url(request))
+
     # -- WebSocket ----------------------------------------------------------------------
 
-    @app.websocket("/v1/sessions/{session_id}/ws")
-    async def session_ws(websocket: WebSocket, session_id: str) -> None:
+    async def ws_principal(
+        websocket: WebSocket, session_id: str, need: Scope
+    ) -> _Principal | None:
+        """Check Origin and credentials before ``accept()``; refuse (HTTP 403) if bad."""
+        origin = websocket.headers.get("origin")
+        host = websocket.headers.get("host", "")
+        same_origin = origin in (f"http://{host}", f"https://{host}")
+        if origin is not None and not same_origin and origin not in settings.allowed_origins:
+            log.warning("refused a WebSocket from origin %r (not in the allowlist)", origin)
+            await websocket.close(CLOSE_POLICY_VIOLATION, reason="origin not allowed")
+            return None
         offered = _offered_subprotocols(websocket)
         presented = _bearer_from_header(websocket.headers.get("authorization"))
         if presented is None:
@@ -610,14 +1155,102 @@ def create_app(manager: SessionManager, *, token: str, settings: Settings | None
                 ),
                 None,
             )
-        if not _token_ok(presented, token):
+        try:
+            return _authorize(presented, token, authority, session_id, need, use=True)
+        except TokenError as exc:
+            log.info("refused a WebSocket for session %s: %s", session_id, exc.code)
             # Before accept(): the ASGI server answers the handshake with HTTP 403.
-            await websocket.close(CLOSE_POLICY_VIOLATION, reason="unauthorized")
+            await websocket.close(CLOSE_POLICY_VIOLATION, reason=exc.code)
+            return None
+
+    @app.websocket("/v1/sessions/{session_id}/ws")
+    async def session_ws(websocket: WebSocket, session_id: str) -> None:
+        principal = await ws_principal(websocket, session_id, "view")
+        if principal is None:
             return
+        offered = _offered_subprotocols(websocket)
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        await _Connection(websocket, manager, session_id).run()
+        connection = _Connection(websocket, manager, session_id)
+        connection.principal = principal
+        connection.limits = limits
+        connection.gate = lambda session, action: _gate(
+            session, action, policies.get(session.id), desk
+        )
+        await connection.run()
+
+    @app.websocket("/v1/sessions/{session_id}/operator")
+    async def operator_ws(websocket: WebSocket, session_id: str) -> None:
+        """Operators: pending actions pushed as they come; decisions sent back."""
+        principal = await ws_principal(websocket, session_id, "admin")
+        if principal is None:
+            return
+        await websocket.accept()
+        await _operate(websocket, desk, session_id, principal.who)
 
     return app
+
+
+async def _operate(websocket: WebSocket, desk: ApprovalDesk, session_id: str, who: str) -> None:
+    """The operator WebSocket: ``{"event": "pending", ...}`` with the frame (base64 PNG) for
+    each new held action, ``{"event": "resolved", "pending_id"}`` when it leaves the queue;
+    the operator sends ``{"pending_id", "decision": "approve"|"deny"}`` and gets
+    ``{"event": "decided", ...}`` or ``{"event": "error", ...}`` back.
+    """
+    seen: set[str] = set()
+
+    async def push() -> None:
+        while True:
+            current = {p.pending_id: p for p in desk.pending(session_id)}
+            for pending_id, item in current.items():
+                if pending_id not in seen:
+                    seen.add(pending_id)
+                    await websocket.send_json(
+                        {
+                            "event": "pending",
+                            "pending_id": pending_id,
+                            "action": action_to_dict(item.action),
+                            "reason": item.reason,
+                            "seconds_left": round(
+                                max(0.0, (item.deadline_ns - time.monotonic_ns()) / 1e9), 3
+                            ),
+                            "frame_png_b64": base64.b64encode(item.frame_png).decode(),
+                        }
+                    )
+            for pending_id in [p for p in seen if p not in current]:
+                seen.discard(pending_id)
+                await websocket.send_json({"event": "resolved", "pending_id": pending_id})
+            await anyio.sleep(0.05)
+
+    async def receive() -> None:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            try:
+                body = json.loads(message.get("text") or "")
+                item = desk.decide(str(body["pending_id"]), body["decision"], by=who)
+            except (ValueError, KeyError, TypeError) as exc:
+                await websocket.send_json({"event": "error", "message": f"bad message: {exc}"})
+                continue
+            except DeskvmError as exc:
+                await websocket.send_json(
+                    {"event": "error", "code": exc.code, "message": exc.message}
+                )
+                continue
+            await websocket.send_json(
+                {"event": "decided", "pending_id": item.pending_id, "decision": item.decision}
+            )
+
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        async with anyio.create_task_group() as tg:
+
+            async def pusher() -> None:
+                with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                    await push()
+
+            tg.start_soon(pusher)
+            await receive()
+            tg.cancel_scope.cancel()
 
 
 async def _run_unless_disconnected(
@@ -672,6 +1305,10 @@ class _Connection:
         self.session_id = session_id
         self._send_lock = anyio.Lock()
         self._closed = False
+        self.principal = _Principal("admin", "admin", None)
+        self.limits: _RateLimits | None = None
+        self.gate: Callable[[Session, Action], None] | None = None
+        self._strikes = 0
 
     async def _send(self, text: str) -> bool:
         """Send one text message; ``False`` if the connection is gone."""
@@ -788,6 +1425,12 @@ class _Connection:
                 return
             if not await self._send(await self._handle(session, vocabulary, text)):
                 return
+            if self._strikes >= _FLOOD_STRIKES:
+                log.warning("closing a flooding WebSocket of session %s", session.id)
+                await self._close(
+                    CLOSE_POLICY_VIOLATION, f"rate_limited: {_FLOOD_STRIKES} messages over limit"
+                )
+                return
             if session.state in _ENDED:
                 reason = session.closed_reason or session.state
                 await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
@@ -801,11 +1444,26 @@ class _Connection:
             client_id = envelope.id
             body = envelope.body
             actions = vocabulary.parse(body)
+            if not scope_allows(self.principal.scope, "control") and not all(
+                isinstance(a, _OBSERVATIONS) for a in actions
+            ):
+                raise TokenError(
+                    "a view token may only observe (screenshot, zoom, cursor_position)",
+                    code="forbidden",
+                )
+            if self.limits is not None:
+                try:
+                    self.limits.check(session.id, actions)
+                except DeskvmError:
+                    self._strikes += 1
+                    raise
+            self._strikes = 0
             # The recording keeps vendor-shaped requests as received; deskvm ones are the
             # action itself.
             raw = None if getattr(vocabulary, "name", "deskvm") == "deskvm" else body
+            gate = self.gate
             result = await anyio.to_thread.run_sync(
-                lambda: _execute_all(session, actions, raw, vocabulary, body)
+                lambda: _execute_all(session, actions, raw, vocabulary, body, gate)
             )
             return encode_result(client_id, result)
         except DeskvmError as exc:
@@ -829,8 +1487,13 @@ def _execute_all(
     raw: Mapping[str, Any] | None,
     vocabulary: _Vocabulary,
     body: Mapping[str, Any],
+    gate: Callable[[Session, Action], None] | None = None,
 ) -> dict[str, Any]:
-    results = [session.execute(action, source="agent", raw=raw) for action in actions]
+    results = []
+    for action in actions:
+        if gate is not None:
+            gate(session, action)  # raises ApprovalDenied / ApprovalTimeout
+        results.append(session.execute(action, source="agent", raw=raw))
     return vocabulary.format_result(body, results)
 
 

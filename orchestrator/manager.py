@@ -1,8 +1,12 @@
 """The sessions of one server: create (blocking until ready), look up, delete, reap.
 
-The manager owns the concurrency limit and the mapping from ids to sessions. It keeps
-ended sessions in a bounded history so that clients can still read their state, guest
-log and recording path after deletion.
+The manager owns the server-wide limits (concurrent sessions, total memory) and the
+mapping from ids to sessions. It keeps ended sessions in a bounded history so that
+clients can still read their state, guest log and recording path after deletion.
+
+:meth:`SessionManager.sweep` enforces each session's lifetime (``ttl_s``) and idle timeout
+(``idle_timeout_s``) and reaps leftovers of sessions it does not know; the server calls it
+at start and periodically.
 """
 
 from __future__ import annotations
@@ -16,12 +20,21 @@ from pathlib import Path
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import CapacityError, DeskvmError, SessionNotFound
 from orchestrator.hypervisor.base import Hypervisor
+from orchestrator.hypervisor.domain_xml import hard_limit_mib as _hard_mib
 from orchestrator.input_plan import Pacing
 from orchestrator.recorder import FileRecorder
 from orchestrator.session import Session
 from orchestrator.spec import BootImage, DisplaySpec, SessionSpec, new_session_id
 
-__all__ = ["SessionManager"]
+CLOSED_TTL = "ttl expired"
+"""``closed_reason`` of a session ended because it reached its ``ttl_s``."""
+CLOSED_DOMAIN_STOPPED = "the domain stopped (guest powered off, crashed or was killed)"
+"""``closed_reason`` of a ready session whose QEMU process went away (e.g. the host's
+memory hard limit killed it)."""
+CLOSED_IDLE = "idle timeout"
+"""``closed_reason`` of a session ended after ``idle_timeout_s`` without an action."""
+
+__all__ = ["CLOSED_DOMAIN_STOPPED", "CLOSED_IDLE", "CLOSED_TTL", "SessionManager"]
 
 _HISTORY = 256
 
@@ -37,6 +50,9 @@ class SessionManager:
         clock: time source.
         pacing: input pacing for every session.
         capture_fps: continuous capture rate of every session (``None`` or 0: off).
+        max_total_memory_mib: sum of the live sessions' host memory hard limits (guest RAM
+            plus QEMU overhead, MiB) the server accepts; ``None``: no limit.
+        memory_overhead_mib: QEMU overhead added to each session's hard limit, MiB.
     """
 
     def __init__(
@@ -50,8 +66,12 @@ class SessionManager:
         pacing: Pacing | None = None,
         ready_poll_s: float = 0.5,
         capture_fps: float | None = None,
+        max_total_memory_mib: int | None = None,
+        memory_overhead_mib: int = 768,
     ) -> None:
         self.hypervisor = hypervisor
+        self._max_total_memory_mib = max_total_memory_mib
+        self._memory_overhead_mib = memory_overhead_mib
         self._resolve_image = resolve_image
         self._recordings_dir = recordings_dir
         self._max_sessions = max_sessions
@@ -72,15 +92,23 @@ class SessionManager:
         vcpus: int = 2,
         boot_timeout_s: float = 180.0,
         on_started: Callable[[Session], None] | None = None,
+        cpu_quota_pct: int | None = None,
+        disk_mib: int | None = None,
+        ttl_s: float | None = None,
+        idle_timeout_s: float | None = None,
     ) -> Session:
         """Start a session and block until its desktop is drawn.
 
         Args:
             on_started: called with the session as soon as it is registered (before the
                 boot wait), e.g. to let a caller cancel it.
+            cpu_quota_pct, disk_mib, ttl_s, idle_timeout_s: per-session limits, see
+                :class:`~orchestrator.spec.SessionSpec`.
 
         Raises:
-            CapacityError: ``max_sessions`` are live already.
+            CapacityError: ``over_capacity`` (``max_sessions`` are live already) or
+                ``over_memory`` (the hard limits would exceed ``max_total_memory_mib``);
+                checked before anything is started.
             ConfigError, ImageNotFound: bad request.
             HypervisorError, BootTimeout: could not start (nothing is left behind).
         """
@@ -92,6 +120,11 @@ class SessionManager:
             memory_mib=memory_mib,
             vcpus=vcpus,
             boot_timeout_s=boot_timeout_s,
+            cpu_quota_pct=cpu_quota_pct,
+            memory_overhead_mib=self._memory_overhead_mib,
+            disk_mib=disk_mib,
+            ttl_s=ttl_s,
+            idle_timeout_s=idle_timeout_s,
         )
         with self._lock:
             if len(self._live) >= self._max_sessions:
@@ -99,6 +132,15 @@ class SessionManager:
                     f"{len(self._live)} of {self._max_sessions} sessions are running; "
                     "delete one or raise --max-sessions"
                 )
+            if self._max_total_memory_mib is not None:
+                used = sum(_hard_mib(s.spec) for s in self._live.values())
+                if used + _hard_mib(spec) > self._max_total_memory_mib:
+                    raise CapacityError(
+                        f"{used} MiB of {self._max_total_memory_mib} MiB are committed to live"
+                        f" sessions; this one needs {_hard_mib(spec)} MiB (memory_mib"
+                        f" {memory_mib} + {spec.memory_overhead_mib} MiB QEMU overhead)",
+                        code="over_memory",
+                    )
             recorder = FileRecorder(
                 self._recordings_dir / spec.session_id,
                 self._clock,
@@ -109,6 +151,13 @@ class SessionManager:
                     "memory_mib": memory_mib,
                     "vcpus": vcpus,
                     "accel": self.hypervisor.accel,
+                    "limits": {
+                        "memory_hard_limit_mib": _hard_mib(spec),
+                        "cpu_quota_pct": cpu_quota_pct,
+                        "disk_mib": disk_mib,
+                        "ttl_s": ttl_s,
+                        "idle_timeout_s": idle_timeout_s,
+                    },
                 },
             )
             session = Session(
@@ -193,6 +242,49 @@ class SessionManager:
             except DeskvmError as exc:
                 errors.append(f"{session.id}: {exc.message}")
         return errors
+
+    def expire(self) -> list[str]:
+        """Close live sessions past their ``ttl_s`` or ``idle_timeout_s``, or whose domain died.
+
+        Their ``closed_reason`` is :data:`CLOSED_TTL`, :data:`CLOSED_IDLE` or
+        :data:`CLOSED_DOMAIN_STOPPED`. A teardown
+        error is swallowed here (the session is retired; the reaper retries leftovers).
+
+        Returns:
+            The session ids closed.
+        """
+        now_ns = self._clock.monotonic_ns()
+        closed = []
+        for session in self.live():
+            spec = session.spec
+            reason = None
+            if spec.ttl_s is not None and now_ns - session.created_ns >= spec.ttl_s * 1e9:
+                reason = CLOSED_TTL
+            elif session.state == "ready" and not session.domain_running():
+                reason = CLOSED_DOMAIN_STOPPED
+            elif (
+                spec.idle_timeout_s is not None
+                and session.state == "ready"
+                and now_ns - session.last_action_ns >= spec.idle_timeout_s * 1e9
+            ):
+                reason = CLOSED_IDLE
+            if reason is not None:
+                with contextlib.suppress(DeskvmError):
+                    self.delete(session.id, reason=reason)
+                closed.append(session.id)
+        return closed
+
+    def sweep(self) -> tuple[list[str], list[str]]:
+        """One pass of the server's periodic housekeeping: :meth:`expire`, then :meth:`reap`.
+
+        Returns:
+            ``(expired, reaped)`` session ids.
+        """
+        expired = self.expire()
+        reaped: list[str] = []
+        with contextlib.suppress(DeskvmError):
+            reaped = self.reap()
+        return expired, reaped
 
     def reap(self) -> list[str]:
         """Destroy hypervisor leftovers of sessions this manager does not know.

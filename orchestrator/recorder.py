@@ -56,7 +56,8 @@ FORMAT_VERSION = 2
 GENESIS_HASH = "0" * 64
 
 EventKind = Literal[
-    "lifecycle", "input", "injected", "result", "error", "frame", "network", "marker", "media"
+    "lifecycle", "input", "injected", "result", "error", "frame", "network", "marker", "media",
+    "approval",
 ]
 Source = Literal["agent", "human", "qa", "system"]
 

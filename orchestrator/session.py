@@ -120,6 +120,8 @@ class Session:
         self._keys_down: set[str] = set()
         self._buttons_down: set[str] = set()
         self.created_ns = self._clock.monotonic_ns()
+        self.last_action_ns = self.created_ns
+        """Monotonic time of the last action (or creation): the idle timeout counts from it."""
         self.ready_ns: int | None = None
         self.boot_s: float | None = None
         self.closed_reason: str | None = None
@@ -188,6 +190,7 @@ class Session:
             self._teardown(reason="start failed")
             raise
         self.ready_ns = self._clock.monotonic_ns()
+        self.last_action_ns = self.ready_ns
         self.boot_s = (self.ready_ns - t0) / 1e9
         with self._lock:
             if self._state != "starting":
@@ -303,6 +306,11 @@ class Session:
             return self._domain.read_guest_log()
         return self._guest_log_snapshot
 
+    def domain_running(self) -> bool:
+        """Whether the session's domain (its QEMU process) is still running."""
+        domain = self._domain
+        return domain is not None and domain.is_running()
+
     def console_tail(self, max_bytes: int = 4096) -> str:
         """The last bytes of the guest console (empty once closed)."""
         if self._domain is not None and self._state in ("starting", "ready"):
@@ -338,6 +346,7 @@ class Session:
         with self._lock:
             if self._state != "ready":
                 raise SessionClosed(f"session {self.id} is {self._state}")
+            self.last_action_ns = self._clock.monotonic_ns()
             assert self._domain is not None
             record: dict[str, Any] = {"action": action_to_dict(action)}
             secret = action.text if isinstance(action, Type) and action.secret else ""

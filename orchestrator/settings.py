@@ -4,7 +4,9 @@ Only :meth:`Settings.from_env` reads ``os.environ``; it is called by the CLI and
 server at start-up, never at import time. Variables: ``DESKVM_STATE_DIR``,
 ``DESKVM_IMAGES_DIR``, ``DESKVM_LIBVIRT_URI``, ``DESKVM_TOKEN``, ``DESKVM_ACCEL`` (auto|kvm|tcg),
 ``DESKVM_MAX_SESSIONS``, ``DESKVM_BOOT_TIMEOUT_S``, ``DESKVM_DEFAULT_IMAGE``,
-``DESKVM_CAPTURE_FPS`` (0 turns continuous capture off).
+``DESKVM_CAPTURE_FPS`` (0 turns continuous capture off), ``DESKVM_MAX_TOTAL_MEMORY_MIB``,
+``DESKVM_MEMORY_OVERHEAD_MIB``, ``DESKVM_SESSION_TTL_S``, ``DESKVM_IDLE_TIMEOUT_S``,
+``DESKVM_TOKEN_MAX_TTL_S``, ``DESKVM_ALLOWED_ORIGINS`` (comma-separated).
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ class Settings:
         default_image: image used when a request names none.
         capture_fps: continuous capture rate of every session, frames per second
             (``0``: off; stills of screenshots are kept either way).
+        max_total_memory_mib: sum of live sessions' memory hard limits (guest RAM + QEMU
+            overhead), MiB; ``None``: unlimited.
+        memory_overhead_mib: QEMU overhead above guest RAM in each hard limit, MiB.
+        session_ttl_s: default maximum lifetime of a session, seconds (``None``: unlimited).
+        idle_timeout_s: default idle timeout, seconds (``None``: never).
+        sweep_interval_s: how often the server expires sessions and reaps leftovers.
+        token_ttl_s: default lifetime of a minted session token, seconds.
+        token_max_ttl_s: the longest lifetime a minted token may ask for, seconds.
+        allowed_origins: WebSocket ``Origin`` values accepted (browsers); a handshake
+            without ``Origin`` (non-browser clients) is accepted.
+        max_actions_per_s: per-session action rate (token bucket refill; burst 2x).
+        max_typed_chars_per_s: per-session typed-character rate (burst 2x).
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -48,6 +62,16 @@ class Settings:
     default_image: str = "debian12-desktop"
     images_dir_override: Path | None = None
     capture_fps: float = 2.0
+    max_total_memory_mib: int | None = None
+    memory_overhead_mib: int = 768
+    session_ttl_s: float | None = 4 * 3600.0
+    idle_timeout_s: float | None = 1800.0
+    sweep_interval_s: float = 5.0
+    token_ttl_s: float = 900.0
+    token_max_ttl_s: float = 4 * 3600.0
+    allowed_origins: tuple[str, ...] = ()
+    max_actions_per_s: float = 50.0
+    max_typed_chars_per_s: float = 200.0
 
     @property
     def images_dir(self) -> Path:
@@ -99,6 +123,22 @@ class Settings:
                 values["default_image"] = env["DESKVM_DEFAULT_IMAGE"]
             if "DESKVM_CAPTURE_FPS" in env:
                 values["capture_fps"] = float(env["DESKVM_CAPTURE_FPS"])
+            if env.get("DESKVM_MAX_TOTAL_MEMORY_MIB"):
+                values["max_total_memory_mib"] = int(env["DESKVM_MAX_TOTAL_MEMORY_MIB"])
+            if "DESKVM_MEMORY_OVERHEAD_MIB" in env:
+                values["memory_overhead_mib"] = int(env["DESKVM_MEMORY_OVERHEAD_MIB"])
+            for key, name in (
+                ("DESKVM_SESSION_TTL_S", "session_ttl_s"),
+                ("DESKVM_IDLE_TIMEOUT_S", "idle_timeout_s"),
+            ):
+                if key in env:  # "0" or "" means no limit
+                    values[name] = float(env[key] or 0) or None
+            if "DESKVM_TOKEN_MAX_TTL_S" in env:
+                values["token_max_ttl_s"] = float(env["DESKVM_TOKEN_MAX_TTL_S"])
+            if "DESKVM_ALLOWED_ORIGINS" in env:
+                values["allowed_origins"] = tuple(
+                    o.strip() for o in env["DESKVM_ALLOWED_ORIGINS"].split(",") if o.strip()
+                )
         except ValueError as exc:
             raise ConfigError(f"malformed DESKVM_* environment variable: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -109,6 +149,8 @@ class Settings:
             raise ConfigError("max_sessions must be at least 1")
         if not 0 <= settings.capture_fps <= 30:
             raise ConfigError("capture_fps must be between 0 (off) and 30")
+        if not 0 < settings.token_ttl_s <= settings.token_max_ttl_s:
+            raise ConfigError("token_ttl_s must be positive and at most token_max_ttl_s")
         return settings
 
     def replace(self, **changes: Any) -> Settings:

@@ -299,6 +299,20 @@ class SessionSpec:
         vcpus: virtual CPUs.
         boot_timeout_s: deadline for the desktop to be drawn.
         egress: ``None`` means no network device at all.
+        cpu_quota_pct: share of host CPU time the whole domain may use, in percent of one
+            host core (``100`` = one core, ``vcpus * 100`` = no throttling); rendered as
+            libvirt ``<cputune><global_period>``/``<global_quota>`` (CFS bandwidth).
+            ``None``: no quota.
+        memory_overhead_mib: QEMU's own memory on top of guest RAM (device models, the
+            256 MiB TCG translation cache); the host hard limit is
+            ``memory_mib + memory_overhead_mib``
+            (libvirt ``<memtune><hard_limit>``, the cgroup's ``memory.limit_in_bytes``).
+        disk_mib: the overlay's virtual size in MiB: the guest can never write more, and the
+            host checks this much space is free before start. ``None``: the base image's
+            virtual size. Never smaller than the base image.
+        ttl_s: maximum lifetime in seconds from creation; ``None``: unlimited.
+        idle_timeout_s: the session ends after this many seconds without an action;
+            ``None``: never.
     """
 
     session_id: str
@@ -308,9 +322,26 @@ class SessionSpec:
     vcpus: int = 2
     boot_timeout_s: float = 180.0
     egress: EgressPolicy | None = None
+    cpu_quota_pct: int | None = None
+    memory_overhead_mib: int = 768
+    disk_mib: int | None = None
+    ttl_s: float | None = None
+    idle_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         validate_session_id(self.session_id)
+        if self.cpu_quota_pct is not None and not 1 <= self.cpu_quota_pct <= 100 * self.vcpus:
+            raise ConfigError(
+                f"cpu_quota_pct {self.cpu_quota_pct} is outside 1..{100 * self.vcpus}"
+                f" (100 per vCPU)"
+            )
+        if not 64 <= self.memory_overhead_mib <= 8192:
+            raise ConfigError(f"memory_overhead_mib {self.memory_overhead_mib} is outside 64..8192")
+        if self.disk_mib is not None and not 256 <= self.disk_mib <= 1024 * 1024:
+            raise ConfigError(f"disk_mib {self.disk_mib} is outside 256..1048576")
+        for name, value in (("ttl_s", self.ttl_s), ("idle_timeout_s", self.idle_timeout_s)):
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be positive (or null for no limit)")
         if not 256 <= self.memory_mib <= 65536:
             raise ConfigError(f"memory_mib {self.memory_mib} is outside 256..65536")
         if not 1 <= self.vcpus <= 16:

@@ -12,9 +12,13 @@ from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.spec import SessionSpec
 
 __all__ = [
+    "CPU_PERIOD_US",
     "DOMAIN_PREFIX",
     "METADATA_NS",
+    "TCG_TB_CACHE_MIB",
+    "cpu_quota_us",
     "domain_name",
+    "hard_limit_mib",
     "metadata_owner",
     "render_domain_xml",
     "session_id_of",
@@ -22,6 +26,28 @@ __all__ = [
 
 DOMAIN_PREFIX = "deskvm-"
 METADATA_NS = "https://deskvm.dev/xmlns/session/1"
+
+
+TCG_TB_CACHE_MIB = 256
+"""TCG translation-block cache of TCG domains (``<features><tcg><tb-cache>``), MiB."""
+
+CPU_PERIOD_US = 100_000
+"""CFS bandwidth period of ``<cputune><global_period>``, microseconds."""
+
+
+def hard_limit_mib(spec: SessionSpec) -> int:
+    """The host's memory hard limit for the session's QEMU process, MiB.
+
+    Guest RAM plus ``spec.memory_overhead_mib`` for QEMU itself.
+    """
+    return spec.memory_mib + spec.memory_overhead_mib
+
+
+def cpu_quota_us(spec: SessionSpec) -> int:
+    """CPU time the domain may use per :data:`CPU_PERIOD_US`, microseconds (-1: no quota)."""
+    if spec.cpu_quota_pct is None:
+        return -1
+    return CPU_PERIOD_US * spec.cpu_quota_pct // 100
 
 
 def domain_name(session_id: str) -> str:
@@ -58,6 +84,12 @@ def render_domain_xml(
     pointer), a stdvga card whose EDID prefers the requested size, two file-backed serial
     ports (console, guest log), no graphics server, no balloon, and a network interface
     only when ``nic`` is given. Every lifecycle event (poweroff, reboot, crash) destroys it.
+    Limits: ``<cputune>`` CFS bandwidth when ``spec.cpu_quota_pct`` is set, and disk write
+    errors reported to the guest (``error_policy="report"``) instead of pausing the domain.
+    The memory hard limit (:func:`hard_limit_mib`) is *not* in this XML: libvirt 9 also
+    raises ``RLIMIT_MEMLOCK`` to any ``<memtune><hard_limit>`` at launch, which needs
+    ``CAP_SYS_RESOURCE``; the hypervisor starts the domain paused, applies the hard limit
+    live (the cgroup's memory limit, shown in the live XML) and only then resumes it.
 
     Args:
         spec: the session.
@@ -90,6 +122,10 @@ def render_domain_xml(
     _sub(dom, "memory", str(spec.memory_mib), unit="MiB")
     _sub(dom, "currentMemory", str(spec.memory_mib), unit="MiB")
     _sub(dom, "vcpu", str(spec.vcpus), placement="static")
+    if spec.cpu_quota_pct is not None:
+        cputune = _sub(dom, "cputune")
+        _sub(cputune, "global_period", str(CPU_PERIOD_US))
+        _sub(cputune, "global_quota", str(cpu_quota_us(spec)))
     os_el = _sub(dom, "os")
     _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
     _sub(os_el, "kernel", str(spec.image.kernel_path))
@@ -98,6 +134,11 @@ def render_domain_xml(
     _sub(os_el, "cmdline", cmdline)
     features = _sub(dom, "features")
     _sub(features, "acpi")
+    if accel == "tcg":
+        # QEMU's default TCG translation cache is 1 GiB: bound it, it counts against the
+        # memory hard limit.
+        tcg = _sub(features, "tcg")
+        _sub(tcg, "tb-cache", str(TCG_TB_CACHE_MIB), unit="MiB")
     if accel == "kvm":
         _sub(dom, "cpu", mode="host-passthrough", check="none")
     _sub(dom, "clock", offset="utc")
@@ -106,7 +147,10 @@ def render_domain_xml(
     devices = _sub(dom, "devices")
     _sub(devices, "emulator", emulator)
     disk = _sub(devices, "disk", type="file", device="disk")
-    _sub(disk, "driver", name="qemu", type="qcow2", discard="unmap", cache="writeback")
+    _sub(
+        disk, "driver", name="qemu", type="qcow2", discard="unmap", cache="writeback",
+        error_policy="report",
+    )  # fmt: skip
     _sub(disk, "source", file=str(paths.overlay))
     _sub(disk, "target", dev="vda", bus="virtio")
     _sub(devices, "controller", type="usb", model="qemu-xhci")

@@ -65,9 +65,18 @@ class FakeDomain:
 class FakeHypervisor:
     """:class:`~orchestrator.hypervisor.base.Hypervisor` that keeps domains in memory.
 
+    Failures are injected per lifecycle step, each consumed by its next occurrence:
+
+    * ``"define"``: :meth:`start` raises before anything exists.
+    * ``"start"``: the domain is defined (it shows in :attr:`domains` and
+      :meth:`list_sessions`) and then :meth:`start` raises: the caller must tear it down.
+    * ``"ready"``: the domain starts, then powers off at once (never becomes ready).
+    * ``"destroy"``: :meth:`destroy` raises and leaves the domain behind (a leak the
+      reaper must find).
+
     Attributes:
         domains: running fake domains by session id.
-        fail_on: lifecycle step names (``"start"``, ``"destroy"``) that raise next time.
+        fail_on: lifecycle step names that raise next time.
         started, destroyed: session ids in call order.
     """
 
@@ -83,27 +92,35 @@ class FakeHypervisor:
     def accel(self) -> Accel:
         return self._accel
 
+    def _injected(self, step: str) -> bool:
+        if step in self.fail_on:
+            self.fail_on.discard(step)
+            return True
+        return False
+
     def start(self, spec: SessionSpec, *, nic: NicAttachment | None = None) -> FakeDomain:
         with self._lock:
-            if "start" in self.fail_on:
-                self.fail_on.discard("start")
-                raise HypervisorError(f"injected failure starting {spec.session_id}")
+            if self._injected("define"):
+                raise HypervisorError(f"injected failure defining {spec.session_id}")
             if spec.session_id in self.domains:
                 raise HypervisorError(f"session {spec.session_id} already exists")
             domain = FakeDomain(spec, nic)
             self.domains[spec.session_id] = domain
+            if self._injected("start"):
+                raise HypervisorError(f"injected failure starting {spec.session_id}")
+            if self._injected("ready"):
+                domain.running = False
             self.started.append(spec.session_id)
             return domain
 
     def destroy(self, session_id: str) -> None:
         with self._lock:
             self.destroyed.append(session_id)
+            if self._injected("destroy"):
+                raise HypervisorError(f"injected failure destroying {session_id}")
             domain = self.domains.pop(session_id, None)
             if domain is not None:
                 domain.running = False
-            if "destroy" in self.fail_on:
-                self.fail_on.discard("destroy")
-                raise HypervisorError(f"injected failure destroying {session_id}")
 
     def list_sessions(self) -> set[str]:
         with self._lock:

@@ -2,11 +2,23 @@
 
 QEMU runs as the unprivileged ``libvirt-qemu`` user under libvirt's seccomp sandbox and
 DAC labelling; session files live in directories that user can reach.
+
+Several servers may share one installation (a test server beside ``deskvm serve``): each
+:class:`LibvirtHypervisor` is an *instance* holding an exclusive ``flock`` on
+``<sessions_dir>/.instances/<instance>.lock`` for its lifetime and writes its instance id
+into every session directory it creates. :meth:`LibvirtHypervisor.list_sessions` (what the
+reaper removes) skips sessions of other instances that are still alive; the lock of a
+process killed with SIGKILL is released by the kernel, so its leftovers are reaped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
 import shutil
 import subprocess
 import threading
@@ -16,18 +28,25 @@ from pathlib import Path
 import libvirt
 
 from orchestrator.display.qmp import QmpDisplay
-from orchestrator.errors import HypervisorError
+from orchestrator.errors import CapacityError, ConfigError, HypervisorError
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.hypervisor.domain_xml import (
     METADATA_NS,
     domain_name,
+    hard_limit_mib,
     metadata_owner,
     render_domain_xml,
     session_id_of,
 )
 from orchestrator.spec import SessionSpec, validate_session_id
 
-__all__ = ["LibvirtDomain", "LibvirtHypervisor", "open_connection"]
+_SESSION_DIR_RE = re.compile(r"^[a-z0-9]{12}$")
+_INSTANCE_RE = re.compile(r"^[0-9a-f]{12}$")
+
+__all__ = ["DISK_RESERVE_MIB", "LibvirtDomain", "LibvirtHypervisor", "open_connection"]
+
+DISK_RESERVE_MIB = 1024
+"""Space that must stay free on the sessions' file system after every session's disk cap."""
 
 _handler_lock = threading.Lock()
 _handler_set = False
@@ -116,28 +135,142 @@ class LibvirtHypervisor:
         self._uri = uri
         self._conn = open_connection(uri)
         self._lock = threading.Lock()
+        self._caps: dict[str, int] = {}
+        self.instance_id = secrets.token_hex(6)
+        """This instance's id, written into its session directories (``instance``)."""
+        self._instance_fd: int | None = self._hold_instance_lock()
+
+    @property
+    def _instances_dir(self) -> Path:
+        return self._sessions_dir / ".instances"
+
+    def _hold_instance_lock(self) -> int:
+        try:
+            self._instances_dir.mkdir(parents=True, exist_ok=True)
+            for stale in self._instances_dir.glob("*.lock"):
+                self._instance_alive(stale.stem)  # removes the lock files of dead instances
+            fd = os.open(
+                self._instances_dir / f"{self.instance_id}.lock",
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                0o600,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise HypervisorError(f"cannot lock {self._instances_dir}: {exc}") from exc
+        return fd
+
+    def _instance_alive(self, instance: str) -> bool:
+        """Whether the instance ``instance`` still holds its lock (removes a dead one's file)."""
+        if instance == self.instance_id:
+            return True
+        if not _INSTANCE_RE.match(instance):
+            return False
+        path = self._instances_dir / f"{instance}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return True
+        except OSError:
+            os.close(fd)
+            return False
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        os.close(fd)
+        return False
 
     @property
     def accel(self) -> Accel:
         return self._accel
 
     def close(self) -> None:
+        """Close the connection and drop this instance's lock (its sessions become reapable)."""
         with contextlib.suppress(libvirt.libvirtError):
             self._conn.close()
+        if self._instance_fd is not None:
+            with contextlib.suppress(OSError):
+                (self._instances_dir / f"{self.instance_id}.lock").unlink(missing_ok=True)
+            os.close(self._instance_fd)
+            self._instance_fd = None
 
     def _paths(self, session_id: str) -> SessionPaths:
         return SessionPaths.under(self._sessions_dir, validate_session_id(session_id))
 
+    def _virtual_size_mib(self, image: Path) -> int:
+        try:
+            out = subprocess.run(
+                ["qemu-img", "info", "--output=json", "-U", str(image)],
+                check=True, capture_output=True, text=True, timeout=60,
+            ).stdout  # fmt: skip
+            return -(-int(json.loads(out)["virtual-size"]) // (1024 * 1024))
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
+            raise HypervisorError(f"cannot read the virtual size of {image}: {exc}") from exc
+
+    def disk_cap_mib(self, spec: SessionSpec) -> int:
+        """The overlay's virtual size for ``spec``, MiB (the guest's disk can never be larger).
+
+        Raises:
+            ConfigError: ``spec.disk_mib`` is smaller than the base image.
+            HypervisorError: the base image cannot be read.
+        """
+        base_mib = self._virtual_size_mib(spec.image.base_path)
+        if spec.disk_mib is None:
+            return base_mib
+        if spec.disk_mib < base_mib:
+            raise ConfigError(
+                f"disk_mib {spec.disk_mib} is smaller than image {spec.image.name}'s"
+                f" {base_mib} MiB"
+            )
+        return spec.disk_mib
+
+    def _check_free_space(self, cap_mib: int) -> None:
+        # Overlays already running may still grow up to their caps: count that growth too.
+        self._sessions_dir.mkdir(parents=True, exist_ok=True)
+        free_mib = shutil.disk_usage(self._sessions_dir).free // (1024 * 1024)
+        growth_mib = 0
+        for session_id, cap in list(self._caps.items()):
+            try:
+                used = self._paths(session_id).overlay.stat().st_blocks * 512 // (1024 * 1024)
+            except OSError:
+                continue
+            growth_mib += max(0, cap - used)
+        need_mib = cap_mib + growth_mib + DISK_RESERVE_MIB
+        if free_mib < need_mib:
+            raise CapacityError(
+                f"only {free_mib} MiB free under {self._sessions_dir}; need {need_mib} MiB"
+                f" ({cap_mib} MiB disk cap + {growth_mib} MiB the running overlays may still"
+                f" grow + {DISK_RESERVE_MIB} MiB reserve)",
+                code="insufficient_disk",
+            )
+
     def start(self, spec: SessionSpec, *, nic: NicAttachment | None = None) -> LibvirtDomain:
+        """See :meth:`Hypervisor.start`.
+
+        Raises:
+            CapacityError: ``insufficient_disk``: less than the disk cap plus
+                :data:`DISK_RESERVE_MIB` is free (checked before anything is created).
+            ConfigError: the disk cap is smaller than the base image.
+            HypervisorError: overlay creation or domain start failed.
+        """
         paths = self._paths(spec.session_id)
+        cap_mib = self.disk_cap_mib(spec)
+        with self._lock:
+            self._check_free_space(cap_mib)
+            self._caps[spec.session_id] = cap_mib
         try:
             self._sessions_dir.mkdir(parents=True, exist_ok=True)
             self._sessions_dir.chmod(0o711)
             paths.root.mkdir(mode=0o711)
+            (paths.root / "instance").write_text(self.instance_id)
             subprocess.run(
                 [
                     "qemu-img", "create", "-q", "-f", "qcow2",
                     "-F", "qcow2", "-b", str(spec.image.base_path), str(paths.overlay),
+                    f"{cap_mib}M",
                 ],
                 check=True, capture_output=True, text=True, timeout=60,
             )  # fmt: skip
@@ -150,7 +283,12 @@ class LibvirtHypervisor:
                 owner=str(self._sessions_dir),
             )
             with self._lock:
-                dom = self._conn.createXML(xml, 0)
+                # Paused until the memory hard limit is in place (see render_domain_xml).
+                dom = self._conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED)
+                dom.setMemoryParameters(
+                    {"hard_limit": hard_limit_mib(spec) * 1024}, libvirt.VIR_DOMAIN_AFFECT_LIVE
+                )
+                dom.resume()
             return LibvirtDomain(self._conn, dom, spec.session_id, paths)
         except FileExistsError as exc:
             raise HypervisorError(f"session {spec.session_id} already exists") from exc
@@ -167,6 +305,7 @@ class LibvirtHypervisor:
     def destroy(self, session_id: str) -> None:
         paths = self._paths(session_id)
         failures: list[str] = []
+        self._caps.pop(session_id, None)
         try:
             with self._lock:
                 dom = self._conn.lookupByName(domain_name(session_id))
@@ -194,7 +333,8 @@ class LibvirtHypervisor:
         return metadata_owner(xml) == str(self._sessions_dir)
 
     def list_sessions(self) -> set[str]:
-        """Session ids of this installation's domains (by metadata owner) and directories."""
+        """Session ids of this installation's domains (by metadata owner) and directories,
+        except those of *other* instances that are still alive."""
         found: set[str] = set()
         try:
             with self._lock:
@@ -206,5 +346,16 @@ class LibvirtHypervisor:
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot list domains: {exc.get_error_message()}") from exc
         if self._sessions_dir.is_dir():
-            found.update(p.name for p in self._sessions_dir.iterdir() if p.is_dir())
-        return found
+            found.update(
+                p.name
+                for p in self._sessions_dir.iterdir()
+                if p.is_dir() and _SESSION_DIR_RE.match(p.name)
+            )
+        return {sid for sid in found if not self._held_by_live_peer(sid)}
+
+    def _held_by_live_peer(self, session_id: str) -> bool:
+        try:
+            instance = (self._sessions_dir / session_id / "instance").read_text().strip()
+        except OSError:
+            return False  # no marker: nobody can be serving it
+        return instance != self.instance_id and self._instance_alive(instance)

@@ -145,3 +145,26 @@ def test_unreachable_server_is_a_connection_error() -> None:
         pytest.raises(BridgeConnectionError),
     ):
         client.health()
+
+
+def test_client_limits_and_scoped_tokens(
+    bridge: Client, server_url: str, hypervisor: FakeHypervisor
+) -> None:
+    session = bridge.create_session(
+        width=640, height=480, cpu_quota_pct=50, ttl_s=300, idle_timeout_s=60
+    )
+    assert session.info()["limits"]["cpu_quota_pct"] == 50
+    view = bridge.mint_token(session.id, "view", ttl_s=60)
+    with Client(server_url, view["token"], timeout_s=10) as viewer:
+        watched = viewer.attach(session.id)
+        assert watched.screenshot().width == 640
+        with pytest.raises(RemoteError) as info:
+            watched.click(10, 10)
+        assert info.value.code == "forbidden"
+        watched.close()
+        bridge.revoke_token(session.id, view["token_id"])
+        with pytest.raises(RemoteError) as info:
+            viewer.get_session(session.id)
+        assert info.value.code == "unauthorized"
+    assert hypervisor.domains[session.id].display.events == []
+    session.delete()

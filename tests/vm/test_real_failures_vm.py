@@ -1,0 +1,87 @@
+"""A failure injected into the real hypervisor's start leaves nothing behind (no boot needed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import libvirt
+import pytest
+
+from orchestrator.errors import CapacityError, ConfigError, HypervisorError
+from orchestrator.hypervisor.libvirt import LibvirtHypervisor
+from orchestrator.settings import Settings
+from orchestrator.spec import BootImage, SessionSpec, new_session_id
+
+
+@pytest.fixture
+def base(settings: Settings) -> Iterator[BootImage]:
+    root = settings.state_dir / "test-images-broken"
+    root.mkdir(parents=True, exist_ok=True)
+    base = root / "base.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(base), "512M"], check=True)
+    # The kernel does not exist: libvirt accepts the XML, QEMU fails to start.
+    yield BootImage("broken", "0" * 64, base, root / "no-such-vmlinuz", root / "no-initrd")
+    shutil.rmtree(root)
+
+
+def _domains() -> list[str]:
+    conn = libvirt.open("qemu:///system")
+    try:
+        return [d.name() for d in conn.listAllDomains(0)]
+    finally:
+        conn.close()
+
+
+def test_real_start_failure_leaves_no_domain_and_no_files(
+    settings: Settings, base: BootImage
+) -> None:
+    hv = LibvirtHypervisor(settings.sessions_dir, accel="tcg", uri=settings.libvirt_uri)
+    try:
+        spec = SessionSpec(new_session_id(), base, memory_mib=256, vcpus=1)
+        with pytest.raises(HypervisorError):
+            hv.start(spec)
+        assert f"deskvm-{spec.session_id}" not in _domains()
+        assert not (settings.sessions_dir / spec.session_id).exists()
+        assert spec.session_id not in hv.list_sessions()
+        # Refusals before anything is created: a disk cap below the image, a full disk.
+        with pytest.raises(ConfigError):
+            hv.start(SessionSpec(new_session_id(), base, disk_mib=256))
+        huge = SessionSpec(new_session_id(), base, disk_mib=1024 * 1024)
+        with pytest.raises(CapacityError) as info:
+            hv.start(huge)
+        assert info.value.code == "insufficient_disk"
+        assert not (settings.sessions_dir / huge.session_id).exists()
+    finally:
+        hv.close()
+
+
+def test_disk_cap_is_the_overlays_virtual_size(settings: Settings, base: BootImage) -> None:
+    hv = LibvirtHypervisor(settings.sessions_dir, accel="tcg", uri=settings.libvirt_uri)
+    try:
+        assert hv.disk_cap_mib(SessionSpec(new_session_id(), base)) == 512
+        assert hv.disk_cap_mib(SessionSpec(new_session_id(), base, disk_mib=2048)) == 2048
+    finally:
+        hv.close()
+
+
+def test_reaper_spares_a_live_peers_sessions_and_reaps_a_dead_ones(settings: Settings) -> None:
+    a = LibvirtHypervisor(settings.sessions_dir, accel="tcg", uri=settings.libvirt_uri)
+    b = LibvirtHypervisor(settings.sessions_dir, accel="tcg", uri=settings.libvirt_uri)
+    sid = new_session_id()
+    root = settings.sessions_dir / sid
+    try:
+        root.mkdir(mode=0o711)
+        (root / "instance").write_text(b.instance_id)  # as b.start() writes it
+        assert sid in b.list_sessions()
+        assert sid not in a.list_sessions()  # b is alive: a's reaper leaves it alone
+        b.close()  # (SIGKILL releases the flock the same way)
+        assert sid in a.list_sessions()
+        a.destroy(sid)
+        assert not root.exists()
+        assert not (settings.sessions_dir / ".instances" / f"{b.instance_id}.lock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        a.close()
+        b.close()
