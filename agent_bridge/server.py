@@ -788,7 +788,9 @@ def create_app(
             log.exception("session sweep failed")
             return
         for session_id in expired:
-            log.info("session %s ended: ttl or idle timeout", session_id)
+            with contextlib.suppress(DeskvmError):
+                log.info("session %s ended: %s", session_id,
+                         manager.get(session_id).closed_reason)  # fmt: skip
         if reaped:
             log.warning("reaped leftovers of unknown sessions: %s", ", ".join(reaped))
 

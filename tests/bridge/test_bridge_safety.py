@@ -425,3 +425,18 @@ def test_a_session_whose_domain_died_is_closed_with_a_reason(
     info = client.get(f"/v1/sessions/{sid}").json()
     assert info["state"] == "closed" and info["closed_reason"] == CLOSED_DOMAIN_STOPPED
     assert hypervisor.domains == {}
+
+
+def test_tokens_are_never_logged(
+    client: TestClient, anon: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    sid = _create(client)["id"]
+    minted = _mint(client, sid, "view")
+    headers = {"Authorization": f"Bearer {minted['token']}"}
+    with anon.websocket_connect(f"/v1/sessions/{sid}/ws", headers=headers) as ws:
+        assert _ask(ws, {"id": 1, "action": "click", "x": 1, "y": 1})["ok"] is False
+    client.delete(f"/v1/sessions/{sid}/tokens/{minted['token_id']}")
+    assert _refused(anon, f"/v1/sessions/{sid}/ws", headers=headers) == 1008
+    assert minted["token_id"] in caplog.text  # the id is logged, the secret never
+    assert minted["token"] not in caplog.text and TOKEN not in caplog.text
