@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -85,3 +86,33 @@ def test_reaper_spares_a_live_peers_sessions_and_reaps_a_dead_ones(settings: Set
         shutil.rmtree(root, ignore_errors=True)
         a.close()
         b.close()
+
+
+def test_10_real_start_destroy_cycles_leave_the_host_as_found(settings: Settings) -> None:
+    from vm_images import find_image
+
+    image = find_image(settings.default_image, settings.images_dir)
+    hv = LibvirtHypervisor(settings.sessions_dir, accel="tcg", uri=settings.libvirt_uri)
+
+    def counts() -> dict[str, int]:
+        return {
+            "our_domains_and_dirs": len(hv.list_sessions()),  # by owner metadata and dir
+            "session_dirs": sum(
+                1 for p in settings.sessions_dir.iterdir() if p.name != ".instances"
+            ),
+            "fds": len(os.listdir("/proc/self/fd")),
+            "threads": len(os.listdir("/proc/self/task")),
+        }
+
+    try:
+        hv.destroy(hv.start(SessionSpec(new_session_id(), image, memory_mib=512)).session_id)
+        before = counts()
+        for _ in range(10):
+            domain = hv.start(SessionSpec(new_session_id(), image, memory_mib=512, vcpus=1))
+            assert domain.is_running()
+            hv.destroy(domain.session_id)
+        after = counts()
+    finally:
+        hv.close()
+    print(f"\nREAL CYCLES before={before} after={after}")
+    assert after == before
