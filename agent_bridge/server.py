@@ -1048,8 +1048,12 @@ def create_app(
         tags=["tokens"],
     )
     async def revoke_token(session_id: str, token_id: str) -> Response:
-        """Revoke a token of this session: refused from now on (idempotent)."""
-        authority.revoke(token_id)
+        """Revoke a token of this session: refused from now on (idempotent).
+
+        Ids of other sessions' tokens are ignored (answering 204 all the same).
+        """
+        if any(c.token_id == token_id for c in authority.issued(session_id)):
+            authority.revoke(token_id)
         return Response(status_code=204)
 
     # -- approvals ----------------------------------------------------------------------
@@ -1230,7 +1234,13 @@ async def _operate(websocket: WebSocket, desk: ApprovalDesk, session_id: str, wh
                 return
             try:
                 body = json.loads(message.get("text") or "")
-                item = desk.decide(str(body["pending_id"]), body["decision"], by=who)
+                pending_id = str(body["pending_id"])
+                if not any(p.pending_id == pending_id for p in desk.pending(session_id)):
+                    raise DeskvmError(
+                        f"no pending action {pending_id!r} on this session",
+                        code="pending_not_found",
+                    )
+                item = desk.decide(pending_id, body["decision"], by=who)
             except (ValueError, KeyError, TypeError) as exc:
                 await websocket.send_json({"event": "error", "message": f"bad message: {exc}"})
                 continue

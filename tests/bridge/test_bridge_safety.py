@@ -440,3 +440,39 @@ def test_tokens_are_never_logged(
     assert _refused(anon, f"/v1/sessions/{sid}/ws", headers=headers) == 1008
     assert minted["token_id"] in caplog.text  # the id is logged, the secret never
     assert minted["token"] not in caplog.text and TOKEN not in caplog.text
+
+
+def test_a_sessions_admin_cannot_revoke_or_decide_for_another_session(
+    client: TestClient, anon: TestClient
+) -> None:
+    a, b = _create(client)["id"], _create(client, approval={"every_action": True})["id"]
+    victim = _mint(client, b, "control")
+    admin_a = {"Authorization": f"Bearer {_mint(client, a, 'admin')['token']}"}
+    response = anon.delete(f"/v1/sessions/{a}/tokens/{victim['token_id']}", headers=admin_a)
+    assert response.status_code == 204  # ignored: not a token of session a
+    headers_b = {"Authorization": f"Bearer {victim['token']}"}
+    assert anon.get(f"/v1/sessions/{b}", headers=headers_b).status_code == 200
+    results: list[dict[str, Any]] = []
+
+    def agent() -> None:
+        with client.websocket_connect(f"/v1/sessions/{b}/ws") as ws:
+            results.append(_ask(ws, {"id": 1, "action": "click", "x": 1, "y": 1}))
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not (pending := client.get(f"/v1/sessions/{b}/pending").json()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    pid = pending[0]["pending_id"]
+    response = anon.post(f"/v1/sessions/{a}/pending/{pid}", headers=admin_a,
+                         json={"decision": "approve"})  # fmt: skip
+    assert response.status_code == 404
+    with anon.websocket_connect(f"/v1/sessions/{a}/operator", headers=admin_a) as op:
+        op.send_text(json.dumps({"pending_id": pid, "decision": "approve"}))
+        assert op.receive_json()["code"] == "pending_not_found"
+    assert (
+        client.post(f"/v1/sessions/{b}/pending/{pid}", json={"decision": "deny"}).status_code == 200
+    )
+    thread.join(timeout=10)
+    assert results[0]["error"]["code"] == "approval_denied"
