@@ -96,8 +96,10 @@ def plan_action(action: Action, pacing: Pacing) -> list[Step]:
         ActionError: text with a character that has no key on the US layout.
     """
     match action:
-        case Move(x=x, y=y):
-            return _move(x, y, pacing)
+        case Move(x=x, y=y, hold=hold):
+            if hold is None:
+                return _move(x, y, pacing)
+            return [*_press(hold, pacing), *_move(x, y, pacing), *_release(hold, pacing)]
         case Click(x=x, y=y, button=button, count=count, hold=hold):
             steps = _move(x, y, pacing)
             if hold is not None:
@@ -115,11 +117,16 @@ def plan_action(action: Action, pacing: Pacing) -> list[Step]:
             return [*_move(x, y, pacing), _button(button, True, pacing)]
         case MouseUp(button=button, x=x, y=y):
             return [*_move(x, y, pacing), _button(button, False, pacing)]
-        case Drag(path=path, button=button):
+        case Drag(path=path, button=button, hold=hold):
             first, *rest = path
-            steps = [*_move(*first, pacing), _button(button, True, pacing)]
+            steps = _move(*first, pacing)
+            if hold is not None:
+                steps += _press(hold, pacing)
+            steps.append(_button(button, True, pacing))
             steps += [Step((AbsMove(x, y),), pacing.drag_step_s) for x, y in rest]
             steps.append(_button(button, False, pacing))
+            if hold is not None:
+                steps += _release(hold, pacing)
             return steps
         case Scroll(x=x, y=y, dx=dx, dy=dy, hold=hold):
             steps = _move(x, y, pacing)

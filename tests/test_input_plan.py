@@ -51,6 +51,16 @@ def test_drag_moves_through_every_point_with_the_button_down() -> None:
     ]  # fmt: skip
 
 
+def test_held_keys_wrap_a_drag_and_a_move() -> None:
+    assert events({"action": "drag", "path": [[0, 0], [5, 5]], "hold": "shift"}) == [
+        AbsMove(0, 0), KeyEvent("shift", True), ButtonEvent("left", True), AbsMove(5, 5),
+        ButtonEvent("left", False), KeyEvent("shift", False),
+    ]  # fmt: skip
+    assert events({"action": "move", "x": 2, "y": 3, "hold": "alt"}) == [
+        KeyEvent("alt", True), AbsMove(2, 3), KeyEvent("alt", False),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("dx", "dy", "expected"),
     [(0, 1, ["down"]), (0, -1, ["up"]), (0, 5, ["down"] * 5), (0, -20, ["up"] * 20),
@@ -68,6 +78,8 @@ def test_every_plan_releases_what_it_presses() -> None:
         {"action": "hold_key", "keys": "shift+a", "duration_ms": 100},
         {"action": "click", "x": 1, "y": 1, "hold": "ctrl+shift", "count": 3},
         {"action": "scroll", "x": 1, "y": 1, "dy": 2, "hold": "ctrl"},
+        {"action": "move", "x": 1, "y": 1, "hold": "alt"},
+        {"action": "drag", "path": [[0, 0], [3, 3]], "hold": "ctrl+shift"},
     ):
         down: set[str] = set()
         for e in events(body):

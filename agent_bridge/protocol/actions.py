@@ -80,10 +80,15 @@ class Zoom:
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """Move the absolute pointer to ``(x, y)``."""
+    """Move the absolute pointer to ``(x, y)``.
+
+    ``hold`` keys are pressed before the move and released after it (OpenAI's batched
+    ``move`` with ``keys``).
+    """
 
     x: int
     y: int
+    hold: KeyCombo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +126,15 @@ class MouseUp:
 
 @dataclass(frozen=True, slots=True)
 class Drag:
-    """Press ``button`` at ``path[0]``, move through every point, release at ``path[-1]``."""
+    """Press ``button`` at ``path[0]``, move through every point, release at ``path[-1]``.
+
+    ``hold`` keys are pressed before the button and released after it (e.g. a shift-drag
+    extends a selection; OpenAI's batched ``drag`` with ``keys``).
+    """
 
     path: tuple[Point, ...]
     button: Button = Button.LEFT
+    hold: KeyCombo | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,7 +176,7 @@ def _drag(body: Mapping[str, Any]) -> Drag:
     path = body.get("path")
     if not isinstance(path, list) or len(path) < 2:
         raise ActionError("'path' must be a list of at least two [x, y] points")
-    return Drag(path=tuple(_point(p) for p in path), button=_button(body))
+    return Drag(path=tuple(_point(p) for p in path), button=_button(body), hold=_hold(body))
 
 
 def _wait(body: Mapping[str, Any]) -> Wait:
@@ -223,7 +223,7 @@ def _mouse(kind: type[MouseDown] | type[MouseUp]) -> Callable[[Mapping[str, Any]
 def _move(body: Mapping[str, Any]) -> Move:
     x, y = _xy(body, required=True)
     assert x is not None and y is not None
-    return Move(x=x, y=y)
+    return Move(x=x, y=y, hold=_hold(body))
 
 
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Action]] = {

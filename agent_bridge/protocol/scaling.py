@@ -204,7 +204,7 @@ def scale_action(action: Action, scaler: Scaler) -> Action:
         return action
     match action:
         case Move(x=x, y=y):
-            return Move(*scaler.to_display(x, y))
+            return replace(action, x=scaler.to_display(x, y)[0], y=scaler.to_display(x, y)[1])
         case Click(x=int() as x, y=int() as y) | Scroll(x=int() as x, y=int() as y):
             dx, dy = scaler.to_display(x, y)
             return replace(action, x=dx, y=dy)

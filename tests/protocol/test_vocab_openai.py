@@ -18,7 +18,7 @@ from agent_bridge.protocol.actions import (
     Type,
     Wait,
 )
-from agent_bridge.protocol.keys import KeyCombo
+from agent_bridge.protocol.keys import KeyCombo, parse_combo
 from agent_bridge.protocol.results import Done, ImageResult
 from agent_bridge.protocol.vocab import OpenAIVocabulary, get_vocabulary
 from orchestrator.errors import ActionError, ProtocolError
@@ -117,12 +117,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"type": "drag", "path": [{"x": 1, "y": 2}]}, "invalid_action", "at least two"),
     ({"type": "drag", "path": [[1, 2], [3, 4]]}, "invalid_action", "path[0]"),
     ({"type": "drag", "path": [{"x": 1, "y": 2}, {"x": 3}]}, "missing_parameter", "path[1]"),
-    (
-        {"type": "drag", "path": [{"x": 1, "y": 2}, {"x": 3, "y": 4}], "keys": ["SHIFT"]},
-        "unsupported_parameter",
-        "drag",
-    ),
-    ({"type": "move", "x": 1, "y": 2, "keys": ["ALT"]}, "unsupported_parameter", "move"),
+    ({"type": "move", "x": 1, "y": 2, "keys": "ALT"}, "invalid_action", "keys"),
     ({"type": "keypress"}, "missing_parameter", "keys"),
     ({"type": "keypress", "keys": "CTRL"}, "invalid_action", "list"),
     ({"type": "keypress", "keys": []}, "unknown_key", "no keys"),
@@ -169,3 +164,17 @@ def test_result_without_screenshot_is_an_error() -> None:
     with pytest.raises(ProtocolError) as info:
         V.format_result({"type": "click"}, [Done()])
     assert info.value.code == "missing_screenshot"
+
+
+def test_held_keys_on_drag_and_move_become_hold() -> None:
+    vocab = OpenAIVocabulary()
+    drag, _ = vocab.parse(
+        {"type": "drag", "path": [{"x": 1, "y": 2}, {"x": 3, "y": 4}], "keys": ["SHIFT"]}
+    )
+    assert drag == Drag(path=((1, 2), (3, 4)), hold=parse_combo("shift"))
+    move, _ = vocab.parse({"type": "move", "x": 5, "y": 6, "keys": ["CTRL", "ALT"]})
+    assert move == Move(5, 6, hold=parse_combo("ctrl+alt"))
+    batch = vocab.parse(
+        {"actions": [{"type": "move", "x": 5, "y": 6, "keys": ["ALT"]}, {"type": "move", "x": 7, "y": 8}]}
+    )
+    assert batch[:2] == (Move(5, 6, hold=parse_combo("alt")), Move(7, 8))

@@ -118,15 +118,6 @@ def _held(obj: Mapping[str, Any], where: str) -> KeyCombo | None:
     return combo_of(keys, alias=openai_key)
 
 
-def _no_held(obj: Mapping[str, Any], where: str) -> None:
-    if _held(obj, where) is not None:
-        raise ActionError(
-            f"{where}: holding keys during {obj.get('type')} is not supported by deskvm yet; "
-            "held keys work with click, double_click and scroll",
-            code="unsupported_parameter",
-        )
-
-
 def _button(obj: Mapping[str, Any], where: str) -> Button:
     value = obj.get("button", "left")
     if not isinstance(value, str):
@@ -201,7 +192,6 @@ class OpenAIVocabulary:
         return (Click(x=x, y=y, button=_button(obj, where), count=2, hold=_held(obj, where)),)
 
     def _drag(self, obj: Mapping[str, Any], where: str) -> tuple[Action, ...]:
-        _no_held(obj, where)
         path = obj.get("path")
         if path is None:
             raise ActionError(f"{where}: missing parameter 'path'", code="missing_parameter")
@@ -212,7 +202,7 @@ class OpenAIVocabulary:
             if not isinstance(point, Mapping):
                 raise ActionError(f"{where}: 'path[{i}]' must be an object {{x, y}}, got {point!r}")
             points.append(_int_xy(point, f"{where} path[{i}]"))
-        return (Drag(path=tuple(points)),)
+        return (Drag(path=tuple(points), hold=_held(obj, where)),)
 
     def _keypress(self, obj: Mapping[str, Any], where: str) -> tuple[Action, ...]:
         keys = obj.get("keys")
@@ -223,9 +213,8 @@ class OpenAIVocabulary:
         return (Key(combos=(combo_of(keys, alias=openai_key),)),)
 
     def _move(self, obj: Mapping[str, Any], where: str) -> tuple[Action, ...]:
-        _no_held(obj, where)
         x, y = _int_xy(obj, where)
-        return (Move(x=x, y=y),)
+        return (Move(x=x, y=y, hold=_held(obj, where)),)
 
     def _scroll(self, obj: Mapping[str, Any], where: str) -> tuple[Action, ...]:
         x, y = _int_xy(obj, where)
@@ -243,8 +232,7 @@ class OpenAIVocabulary:
         Raises:
             ProtocolError: code ``unknown_action`` naming the offending action (and its index
                 in a batch); ``ActionError`` for a missing or malformed parameter, a key
-                name deskvm does not know, or held ``keys`` on ``move`` / ``drag``
-                (code ``unsupported_parameter``).
+                name deskvm does not know.
         """
         if body.get("type") == "computer_call":
             inner = body.get("actions", body.get("action"))
