@@ -22,6 +22,7 @@ import base64
 import contextlib
 import hmac
 import importlib
+import io
 import json
 import logging
 import threading
@@ -38,6 +39,7 @@ from fastapi import Depends, FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -58,7 +60,14 @@ from agent_bridge.protocol.messages import (
     encode_result,
     parse_deskvm_action,
 )
-from agent_bridge.protocol.results import Done, ImageResult, Result, to_deskvm_result
+from agent_bridge.protocol.results import (
+    CursorResult,
+    Done,
+    ImageResult,
+    Result,
+    to_deskvm_result,
+)
+from agent_bridge.protocol.scaling import Scaler, scale_action
 from agent_bridge.tokens import Claims, Scope, TokenAuthority, TokenError, scope_allows
 from agent_bridge.viewer import replay_router
 from orchestrator.approval import (
@@ -77,7 +86,7 @@ from orchestrator.errors import (
     SessionNotFound,
 )
 from orchestrator.manager import SessionManager
-from orchestrator.session import Session, SessionState
+from orchestrator.session import Session, SessionState, encode_png
 from orchestrator.settings import Settings
 from orchestrator.spec import MAX_DISPLAY_PX, MIN_DISPLAY_PX, DisplaySpec
 
@@ -295,6 +304,12 @@ class CreateSessionRequest(_Strict):
     approval: ApprovalPolicyModel | None = Field(
         None, description="actions held for an operator's approval; null: none"
     )
+    autostart: Literal["input-probe"] | None = Field(
+        None,
+        description="what the guest starts instead of the xterm: 'input-probe' (a full-screen"
+        " app reporting every input as JSON lines on the guest log; the session is ready once"
+        " it reports probe_ready); null: the xterm",
+    )
 
 
 class CursorModel(BaseModel):
@@ -322,6 +337,7 @@ class SessionInfo(BaseModel):
     cursor: CursorModel
     closed_reason: str | None
     limits: LimitsModel | None = None
+    autostart: str | None = Field(None, description="what the guest started instead of the xterm")
 
 
 class HealthResponse(BaseModel):
@@ -502,6 +518,7 @@ def _info(session: Session, book: _Book, base_url: str, accel: str) -> SessionIn
         recording=str(path) if path is not None else None,
         cursor=CursorModel(x=x, y=y),
         closed_reason=session.closed_reason,
+        autostart=spec.autostart,
         limits=LimitsModel(
             memory_hard_limit_mib=spec.memory_mib + spec.memory_overhead_mib,
             cpu_quota_pct=spec.cpu_quota_pct,
@@ -928,6 +945,7 @@ def create_app(
                 disk_mib=body.disk_mib,
                 ttl_s=body.ttl_s or settings.session_ttl_s,
                 idle_timeout_s=body.idle_timeout_s or settings.idle_timeout_s,
+                autostart=body.autostart,
             )
 
         session = await _run_unless_disconnected(request, create, started, manager)
@@ -1320,6 +1338,7 @@ class _Connection:
         self.principal = _Principal("admin", "admin", None)
         self.limits: _RateLimits | None = None
         self.gate: Callable[[Session, Action], None] | None = None
+        self.scaler: Scaler | None = None
         self._strikes = 0
 
     async def _send(self, text: str) -> bool:
@@ -1363,6 +1382,12 @@ class _Connection:
         try:
             vocabulary = _load_vocabulary(query.get("schema", "deskvm"))
             session = self.manager.get(self.session_id)
+            self.scaler = _scaler_from_query(
+                query.get("scale_to"),
+                query.get("max_long_edge"),
+                session.spec.display.width_px,
+                session.spec.display.height_px,
+            )
         except ProtocolError as exc:
             await self._refuse(exc, CLOSE_POLICY_VIOLATION)
             return
@@ -1473,9 +1498,9 @@ class _Connection:
             # The recording keeps vendor-shaped requests as received; deskvm ones are the
             # action itself.
             raw = None if getattr(vocabulary, "name", "deskvm") == "deskvm" else body
-            gate = self.gate
+            gate, scaler = self.gate, self.scaler
             result = await anyio.to_thread.run_sync(
-                lambda: _execute_all(session, actions, raw, vocabulary, body, gate)
+                lambda: _execute_all(session, actions, raw, vocabulary, body, gate, scaler)
             )
             return encode_result(client_id, result)
         except DeskvmError as exc:
@@ -1500,13 +1525,78 @@ def _execute_all(
     vocabulary: _Vocabulary,
     body: Mapping[str, Any],
     gate: Callable[[Session, Action], None] | None = None,
+    scaler: Scaler | None = None,
 ) -> dict[str, Any]:
+    if scaler is not None:
+        # Client pixels -> display pixels, all before the first action runs, so a batch
+        # with a point outside the scaled screenshot runs nothing.
+        actions = [scale_action(a, scaler) for a in actions]
     results = []
     for action in actions:
         if gate is not None:
             gate(session, action)  # raises ApprovalDenied / ApprovalTimeout
-        results.append(session.execute(action, source="agent", raw=raw))
+        result = session.execute(action, source="agent", raw=raw)
+        results.append(result if scaler is None else _scale_result(action, result, scaler))
     return vocabulary.format_result(body, results)
+
+
+def _scaler_from_query(
+    scale_to: str | None, max_long_edge: str | None, width_px: int, height_px: int
+) -> Scaler | None:
+    """The connection's screenshot scaling from its URL query (``None``: no scaling).
+
+    ``scale_to=WxH`` sends screenshots of exactly ``W``x``H`` pixels; ``max_long_edge=N``
+    shrinks them (keeping the aspect ratio, never enlarging) so the long edge is at most
+    ``N`` pixels. Coordinates the client sends are then in that space.
+
+    Raises:
+        ProtocolError: code ``invalid_query`` (both given, malformed, out of range).
+    """
+    if scale_to is None and max_long_edge is None:
+        return None
+    if scale_to is not None and max_long_edge is not None:
+        raise ProtocolError(
+            "give scale_to=WxH or max_long_edge=N, not both", code="invalid_query"
+        )
+    lo, hi = 16, MAX_DISPLAY_PX
+    try:
+        if scale_to is not None:
+            w_text, sep, h_text = scale_to.partition("x")
+            if not sep or not w_text.isdigit() or not h_text.isdigit():
+                raise ValueError(scale_to)
+            size = (int(w_text), int(h_text))
+            if not all(lo <= v <= hi for v in size):
+                raise ValueError(scale_to)
+            return Scaler(width_px, height_px, *size)
+        assert max_long_edge is not None
+        if not max_long_edge.isdigit() or not lo <= int(max_long_edge) <= hi:
+            raise ValueError(max_long_edge)
+        return Scaler.for_max_long_edge(width_px, height_px, int(max_long_edge))
+    except ValueError:
+        raise ProtocolError(
+            f"scale_to must be WxH and max_long_edge N, each {lo}..{hi} pixels; got "
+            f"scale_to={scale_to!r} max_long_edge={max_long_edge!r}",
+            code="invalid_query",
+        ) from None
+
+
+def _scale_result(action: Action, result: Result, scaler: Scaler) -> Result:
+    """A result in the client's space: screenshots resized, the pointer position mapped.
+
+    ``zoom`` crops stay at full display resolution (that is what zoom is for).
+    """
+    if scaler.is_identity:
+        return result
+    match result:
+        case ImageResult() if isinstance(action, Screenshot):
+            size = (scaler.client_width_px, scaler.client_height_px)
+            with Image.open(io.BytesIO(result.data)) as image:
+                scaled = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+            return ImageResult(size[0], size[1], result.mime, encode_png(scaled), result.frame_seq)
+        case CursorResult(x=x, y=y):
+            return CursorResult(*scaler.to_client(x, y))
+        case _:
+            return result
 
 
 def run_server(

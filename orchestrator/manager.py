@@ -24,7 +24,7 @@ from orchestrator.hypervisor.domain_xml import hard_limit_mib as _hard_mib
 from orchestrator.input_plan import Pacing
 from orchestrator.recorder import FileRecorder
 from orchestrator.session import Session
-from orchestrator.spec import BootImage, DisplaySpec, SessionSpec, new_session_id
+from orchestrator.spec import Autostart, BootImage, DisplaySpec, SessionSpec, new_session_id
 
 CLOSED_TTL = "ttl expired"
 """``closed_reason`` of a session ended because it reached its ``ttl_s``."""
@@ -96,6 +96,7 @@ class SessionManager:
         disk_mib: int | None = None,
         ttl_s: float | None = None,
         idle_timeout_s: float | None = None,
+        autostart: Autostart | None = None,
     ) -> Session:
         """Start a session and block until its desktop is drawn.
 
@@ -104,6 +105,8 @@ class SessionManager:
                 boot wait), e.g. to let a caller cancel it.
             cpu_quota_pct, disk_mib, ttl_s, idle_timeout_s: per-session limits, see
                 :class:`~orchestrator.spec.SessionSpec`.
+            autostart: what the guest starts instead of the xterm (e.g. ``"input-probe"``);
+                also decides the readiness criterion.
 
         Raises:
             CapacityError: ``over_capacity`` (``max_sessions`` are live already) or
@@ -125,6 +128,7 @@ class SessionManager:
             disk_mib=disk_mib,
             ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s,
+            autostart=autostart,
         )
         with self._lock:
             if len(self._live) >= self._max_sessions:

@@ -42,9 +42,19 @@ from orchestrator.input_plan import Pacing, plan_action, release_all
 from orchestrator.recorder import Recorder, Source
 from orchestrator.spec import SessionSpec
 
-__all__ = ["READY_MARKER", "Session", "SessionState", "desktop_drawn", "encode_png"]
+__all__ = [
+    "PROBE_READY_MARKER",
+    "READY_MARKER",
+    "Session",
+    "SessionState",
+    "desktop_drawn",
+    "encode_png",
+    "probe_drawn",
+]
 
 READY_MARKER = b"DESKVM_READY"
+PROBE_READY_MARKER = b'"ev":"probe_ready"'
+"""The input probe's readiness line on the guest log (mapped, full-screen, text focused)."""
 
 SessionState = Literal["new", "starting", "ready", "closing", "closed", "failed"]
 
@@ -77,6 +87,21 @@ def desktop_drawn(
     if share > 0.99:
         return False, "only background is drawn (no window yet)"
     return True, f"background {share:.1%}, windows {1 - share:.1%}"
+
+
+def probe_drawn(image: Image.Image, *, width_px: int, height_px: int) -> tuple[bool, str]:
+    """Whether a frame can show the full-screen input probe: the screen has the right size.
+
+    The probe covers the whole screen, so the desktop-background test of
+    :func:`desktop_drawn` does not apply; the probe's own ``probe_ready`` line (mapped,
+    full-screen, focused) is the real criterion.
+
+    Returns:
+        ``(ready, reason)``; ``reason`` explains a ``False``.
+    """
+    if image.size != (width_px, height_px):
+        return False, f"screen is {image.width}x{image.height}, want {width_px}x{height_px}"
+    return True, "input probe ready"
 
 
 class Session:
@@ -156,6 +181,11 @@ class Session:
     def start(self) -> None:
         """Start the domain and block until the desktop is drawn.
 
+        Ready means: the guest wrote ``DESKVM_READY`` and a frame shows the desktop
+        (:func:`desktop_drawn`); with ``spec.autostart == "input-probe"`` it means the probe
+        wrote ``probe_ready`` and ``DESKVM_READY`` and the screen has the asked size
+        (:func:`probe_drawn`).
+
         Raises:
             BootTimeout: not ready before ``spec.boot_timeout_s`` (carries the console tail).
             HypervisorError: the domain could not start or died while booting.
@@ -177,6 +207,7 @@ class Session:
                 "vcpus": self.spec.vcpus,
                 "accel": self._hypervisor.accel,
                 "network": self._nic is not None,
+                **({"autostart": self.spec.autostart} if self.spec.autostart else {}),
             },
         )
         try:
@@ -216,14 +247,21 @@ class Session:
                     f"the domain of session {self.id} stopped while booting; console tail:\n"
                     + domain.console_tail()
                 )
-            if READY_MARKER in domain.read_guest_log():
+            guest_log = domain.read_guest_log()
+            if spec.autostart == "input-probe" and PROBE_READY_MARKER not in guest_log:
+                reason = "the input probe has not reported probe_ready on the guest log"
+            elif READY_MARKER in guest_log:
                 image = domain.display.screendump()
-                ready, reason = desktop_drawn(
-                    image,
-                    width_px=spec.display.width_px,
-                    height_px=spec.display.height_px,
-                    background_rgb=spec.image.background_rgb,
-                )
+                d = spec.display
+                if spec.autostart == "input-probe":
+                    ready, reason = probe_drawn(image, width_px=d.width_px, height_px=d.height_px)
+                else:
+                    ready, reason = desktop_drawn(
+                        image,
+                        width_px=d.width_px,
+                        height_px=d.height_px,
+                        background_rgb=spec.image.background_rgb,
+                    )
                 if ready:
                     self._record_frame(image, reason="ready", source="system")
                     return

@@ -10,13 +10,16 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from orchestrator.errors import ConfigError
 
 __all__ = [
+    "AUTOSTARTS",
     "MAX_DISPLAY_PX",
     "MAX_EGRESS_ENTRIES",
     "MIN_DISPLAY_PX",
+    "Autostart",
     "BootImage",
     "CidrAllow",
     "DisplaySpec",
@@ -29,6 +32,14 @@ __all__ = [
 ]
 
 MIN_DISPLAY_PX = 320
+
+Autostart = Literal["input-probe"]
+"""What the guest starts instead of the xterm (kernel ``deskvm.autostart=NAME``, see the
+image recipe): ``input-probe`` is the full-screen input probe that reports every input as
+JSON lines on the guest log."""
+
+AUTOSTARTS: tuple[str, ...] = get_args(Autostart)
+"""The closed set of :data:`Autostart` names."""
 MAX_DISPLAY_PX = 4096
 
 _SESSION_ID_RE = re.compile(r"^[a-z0-9]{12}$")
@@ -313,6 +324,8 @@ class SessionSpec:
         ttl_s: maximum lifetime in seconds from creation; ``None``: unlimited.
         idle_timeout_s: the session ends after this many seconds without an action;
             ``None``: never.
+        autostart: what the guest starts instead of the xterm (one of
+            :data:`AUTOSTARTS`); ``None``: the xterm. Decides the readiness criterion.
     """
 
     session_id: str
@@ -327,9 +340,14 @@ class SessionSpec:
     disk_mib: int | None = None
     ttl_s: float | None = None
     idle_timeout_s: float | None = None
+    autostart: Autostart | None = None
 
     def __post_init__(self) -> None:
         validate_session_id(self.session_id)
+        if self.autostart is not None and self.autostart not in AUTOSTARTS:
+            raise ConfigError(
+                f"autostart {self.autostart!r} is not one of: {', '.join(AUTOSTARTS)}"
+            )
         if self.cpu_quota_pct is not None and not 1 <= self.cpu_quota_pct <= 100 * self.vcpus:
             raise ConfigError(
                 f"cpu_quota_pct {self.cpu_quota_pct} is outside 1..{100 * self.vcpus}"

@@ -79,3 +79,21 @@ def test_metadata_owner_round_trip() -> None:
     assert element is not None
     assert metadata_owner(ET.tostring(element, encoding="unicode")) == OWNER
     assert metadata_owner("<not-xml") is None
+
+
+def test_autostart_is_appended_to_the_kernel_command_line() -> None:
+    from dataclasses import replace
+
+    probe = replace(SPEC, autostart="input-probe")
+    root = ET.fromstring(render_domain_xml(probe, PATHS, accel="tcg", created=CREATED))
+    cmdline = root.findtext("os/cmdline") or ""
+    assert cmdline.endswith("deskvm.display=1280x800 deskvm.autostart=input-probe")
+    plain = ET.fromstring(render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED))
+    assert "autostart" not in (plain.findtext("os/cmdline") or "")
+
+
+def test_autostart_outside_the_closed_set_is_a_config_error() -> None:
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="autostart"):
+        SessionSpec("abcdef012345", IMAGE, autostart="xeyes")  # type: ignore[arg-type]

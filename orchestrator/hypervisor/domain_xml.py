@@ -80,7 +80,8 @@ def render_domain_xml(
     """The domain XML for one session.
 
     The domain has: the overlay as its only disk (virtio), direct kernel boot with
-    ``deskvm.display=WxH`` appended to the image's command line, a USB tablet (absolute
+    ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME`` when the spec asks for one)
+    appended to the image's command line, a USB tablet (absolute
     pointer), a stdvga card whose EDID prefers the requested size, two file-backed serial
     ports (console, guest log), no graphics server, no balloon, and a network interface
     only when ``nic`` is given. Every lifecycle event (poweroff, reboot, crash) destroys it.
@@ -131,6 +132,8 @@ def render_domain_xml(
     _sub(os_el, "kernel", str(spec.image.kernel_path))
     _sub(os_el, "initrd", str(spec.image.initrd_path))
     cmdline = f"{spec.image.kernel_cmdline} deskvm.display={display.width_px}x{display.height_px}"
+    if spec.autostart is not None:
+        cmdline += f" deskvm.autostart={spec.autostart}"
     _sub(os_el, "cmdline", cmdline)
     features = _sub(dom, "features")
     _sub(features, "acpi")

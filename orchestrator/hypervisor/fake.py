@@ -1,7 +1,8 @@
 """An in-package fake hypervisor: no VM, same contract. For tests of everything above it.
 
 Fake domains "boot" at once, draw a fake desktop (:class:`~orchestrator.display.fake.FakeDisplay`),
-write ``DESKVM_READY WxH`` to their guest log and then every line typed into them.
+write ``DESKVM_READY WxH`` to their guest log (after a ``probe_ready`` line when the spec
+asks for the input probe) and then every line typed into them.
 Failures can be injected per lifecycle step.
 """
 
@@ -34,6 +35,10 @@ class FakeDomain:
             background_rgb=spec.image.background_rgb,
             on_line=self._on_line,
         )
+        if spec.autostart == "input-probe":
+            self.write_guest_log(
+                f'{{"ev":"probe_ready","w":{d.width_px},"h":{d.height_px},"t_s":0.0}}\n'.encode()
+            )
         self.write_guest_log(f"DESKVM_READY {d.width_px}x{d.height_px}\n".encode())
 
     def _on_line(self, line: str) -> None:

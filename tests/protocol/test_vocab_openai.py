@@ -175,6 +175,11 @@ def test_held_keys_on_drag_and_move_become_hold() -> None:
     move, _ = vocab.parse({"type": "move", "x": 5, "y": 6, "keys": ["CTRL", "ALT"]})
     assert move == Move(5, 6, hold=parse_combo("ctrl+alt"))
     batch = vocab.parse(
-        {"actions": [{"type": "move", "x": 5, "y": 6, "keys": ["ALT"]}, {"type": "move", "x": 7, "y": 8}]}
+        {
+            "actions": [
+                {"type": "move", "x": 5, "y": 6, "keys": ["ALT"]},
+                {"type": "move", "x": 7, "y": 8},
+            ]
+        }
     )
     assert batch[:2] == (Move(5, 6, hold=parse_combo("alt")), Move(7, 8))
