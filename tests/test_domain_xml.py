@@ -97,3 +97,13 @@ def test_autostart_outside_the_closed_set_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="autostart"):
         SessionSpec("abcdef012345", IMAGE, autostart="xeyes")  # type: ignore[arg-type]
+
+
+def test_video_memory_holds_the_framebuffer() -> None:
+    from orchestrator.hypervisor.domain_xml import vga_memory_kib
+
+    assert vga_memory_kib(DisplaySpec(1280, 800)) == 16 * 1024
+    assert vga_memory_kib(DisplaySpec(1920, 1080)) == 16 * 1024
+    assert vga_memory_kib(DisplaySpec(2560, 1600)) == 16 * 1024
+    assert vga_memory_kib(DisplaySpec(4096, 2160)) == 64 * 1024
+    assert vga_memory_kib(DisplaySpec(4096, 4096)) == 64 * 1024

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime
 
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
-from orchestrator.spec import SessionSpec
+from orchestrator.spec import DisplaySpec, SessionSpec
 
 __all__ = [
     "CPU_PERIOD_US",
@@ -22,6 +22,7 @@ __all__ = [
     "metadata_owner",
     "render_domain_xml",
     "session_id_of",
+    "vga_memory_kib",
 ]
 
 DOMAIN_PREFIX = "deskvm-"
@@ -58,6 +59,18 @@ def domain_name(session_id: str) -> str:
 def session_id_of(name: str) -> str | None:
     """The session id in a deskvm domain name, or ``None`` for other domains."""
     return name[len(DOMAIN_PREFIX) :] if name.startswith(DOMAIN_PREFIX) else None
+
+
+def vga_memory_kib(display: DisplaySpec) -> int:
+    """Video memory for a stdvga framebuffer of ``display`` at 32 bpp, in KiB.
+
+    QEMU wants a power of two; at least 16 MiB.
+    """
+    need_kib = display.width_px * display.height_px * 4 // 1024
+    kib = 16 * 1024
+    while kib < need_kib:
+        kib *= 2
+    return kib
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
@@ -169,8 +182,15 @@ def render_domain_xml(
         _sub(iface, "mac", address=nic.mac)
         _sub(iface, "model", type="virtio")
     video = _sub(devices, "video")
-    model = _sub(video, "model", type="vga", vram="32768", heads="1", primary="yes")
+    model = _sub(
+        video, "model", type="vga", vram=str(vga_memory_kib(display)), heads="1", primary="yes"
+    )
     _sub(model, "resolution", x=str(display.width_px), y=str(display.height_px))
+    # The guest's getrandom()/arc4random block until the kernel RNG is seeded; without a
+    # virtio-rng under TCG that took ~13 s of the boot (fontconfig and openbox wait on it).
+    rng = _sub(devices, "rng", model="virtio")
+    _sub(rng, "rate", bytes="4096", period="1000")
+    _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(devices, "memballoon", model="none")
     ET.indent(dom)
     return ET.tostring(dom, encoding="unicode") + "\n"
