@@ -231,6 +231,24 @@ def serve(
         list[str] | None,
         typer.Option(help="WebSocket Origin accepted from browsers (repeatable)."),
     ] = None,
+    egress_upstream_iface: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Interface allowed session traffic leaves by (enables egress policies). "
+                "Env: DESKVM_EGRESS_UPSTREAM_IFACE."
+            ),
+        ),
+    ] = None,
+    egress_upstream_dns: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "IP[,IP]: resolvers the per-session DNS forwards allowlisted names to. "
+                "Env: DESKVM_EGRESS_UPSTREAM_DNS."
+            ),
+        ),
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Run the bridge server: REST to create sessions, a WebSocket per session for actions.
@@ -238,9 +256,12 @@ def serve(
     The token is printed once and kept in <state-dir>/token (mode 0600). Sessions still
     running at shutdown (Ctrl-C) are destroyed. Leftovers of dead servers are reaped at
     start and every few seconds; sessions past their TTL or idle timeout are ended.
+    Without --egress-upstream-iface/-dns, sessions asking for an egress policy are
+    refused (422 egress_not_configured); sessions without one never have a NIC.
     """
     from agent_bridge.runtime import build_manager, ensure_token
     from agent_bridge.server import create_app, run_server
+    from orchestrator.settings import split_csv
 
     settings = _settings(
         state_dir,
@@ -250,6 +271,8 @@ def serve(
         session_ttl_s=session_ttl_s,
         idle_timeout_s=idle_timeout_s,
         allowed_origins=tuple(allowed_origin) if allowed_origin else None,
+        egress_upstream_iface=egress_upstream_iface,
+        egress_upstream_dns=split_csv(egress_upstream_dns) if egress_upstream_dns else None,
     )
     manager = build_manager(settings)
     reaped = manager.reap()
@@ -261,6 +284,13 @@ def serve(
         f"[bold]deskvm bridge[/] on http://{host}:{port}  "
         f"(acceleration: {manager.hypervisor.accel})"
     )
+    if settings.egress_upstream_iface:
+        console.print(
+            f"egress: upstream {settings.egress_upstream_iface}, DNS "
+            f"{','.join(settings.egress_upstream_dns)}"
+        )
+    else:
+        console.print("egress: not configured (sessions with an egress policy are refused)")
     console.print(f"token: [bold]{token_value}[/]  (also in {settings.token_file})")
     console.print(f"docs:  http://{host}:{port}/docs   protocol: docs/protocol.md")
     console.print(f"replay viewer: http://{host}:{port}/replay/#token={token_value}")

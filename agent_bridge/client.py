@@ -302,6 +302,7 @@ class Client:
         ttl_s: float | None = None,
         idle_timeout_s: float | None = None,
         approval: Mapping[str, Any] | None = None,
+        egress_allow: Sequence[str] | None = None,
     ) -> Session:
         """Create a session and wait until its desktop is drawn.
 
@@ -317,14 +318,19 @@ class Client:
                 ``docs/protocol.md``); ``None`` for the server's defaults.
             approval: the approval policy (``{"kinds": [...], "key_combos": [...],
                 "text_patterns": [...], "every_action": bool, "timeout_s": s}``).
+            egress_allow: the egress allowlist (``CIDR[:port]``, ``example.org``,
+                ``*.example.org``, optionally ``:port``); ``None`` (default): the guest has
+                no network device at all; ``[]``: a NIC that reaches nothing.
 
         Returns:
             The ready session (its WebSocket opens on the first action).
 
         Raises:
             RemoteError: ``image_not_found`` (404), ``invalid_request`` (422),
-                ``over_capacity`` (503), ``boot_timeout`` (504, ``body["console_tail"]``),
-                ``hypervisor_error`` (502).
+                ``invalid_egress`` (422, names the malformed entry),
+                ``egress_not_configured`` (422), ``over_capacity`` (503), ``boot_timeout``
+                (504, ``body["console_tail"]``), ``hypervisor_error`` / ``egress_error``
+                (502).
             BridgeConnectionError: the server is unreachable.
         """
         body: dict[str, Any] = {
@@ -345,6 +351,10 @@ class Client:
         ):
             if value is not None:
                 body[key] = value
+        if egress_allow is not None:
+            if isinstance(egress_allow, str):
+                raise TypeError("egress_allow must be a list of entries, not a string")
+            body["egress"] = {"allow": list(egress_allow)}
         wait_s = (boot_timeout_s + _BOOT_MARGIN_S) if boot_timeout_s is not None else 900.0
         response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return Session(self, SessionInfo.from_json(response.json()))
@@ -410,6 +420,22 @@ class Client:
         """What the guest wrote to ``/dev/ttyS1`` from byte ``offset`` on."""
         path = f"/v1/sessions/{session_id}/guest-log"
         return self._request("GET", path, params={"offset": offset}).text
+
+    def network(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's egress decisions so far (``GET /v1/sessions/{id}/network``).
+
+        Returns:
+            Oldest first, each ``{"ts_ns", "kind", "reason", "protocol", "src",
+            "src_port", "dst", "dst_port", "query", "qtype", "answers"}`` (see
+            docs/protocol.md); ``[]`` for a session without an egress policy.
+
+        Raises:
+            RemoteError: ``session_not_found`` (404), ``egress_error`` (502).
+        """
+        decisions: list[dict[str, Any]] = self._request(
+            "GET", f"/v1/sessions/{session_id}/network"
+        ).json()
+        return decisions
 
     def health(self) -> Health:
         """``GET /healthz``."""
@@ -671,3 +697,7 @@ class Session:
     def info(self) -> SessionInfo:
         """The session's current description (state, recording, cursor...)."""
         return self.client.get_session(self.id)
+
+    def network(self) -> list[dict[str, Any]]:
+        """The session's egress decisions so far (see :meth:`Client.network`)."""
+        return self.client.network(self.id)

@@ -11,6 +11,7 @@ import secrets
 import threading
 from pathlib import Path
 
+from orchestrator.egress.base import Egress, EgressSettings
 from orchestrator.errors import HostSetupError
 from orchestrator.host import load_accel
 from orchestrator.hypervisor.base import Accel
@@ -18,7 +19,7 @@ from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
 from orchestrator.spec import BootImage
 
-__all__ = ["BackgroundServer", "build_manager", "ensure_token", "resolve_accel"]
+__all__ = ["BackgroundServer", "build_egress", "build_manager", "ensure_token", "resolve_accel"]
 
 
 def resolve_accel(settings: Settings) -> Accel:
@@ -60,12 +61,38 @@ def ensure_token(settings: Settings) -> str:
     return token
 
 
-def build_manager(settings: Settings) -> SessionManager:
+def build_egress(settings: Settings) -> Egress | None:
+    """The real egress (``NftEgress``) when an upstream is configured, else ``None``.
+
+    Its per-session files live in the host-wide ``/run/deskvm/egress`` (so subnets and
+    NFLOG groups never collide between installations); each session is owned by
+    ``settings.sessions_dir``, the same owner label the hypervisor uses.
+
+    Raises:
+        ConfigError: the upstream settings are malformed.
+    """
+    if not settings.egress_upstream_iface:
+        return None
+    from orchestrator.egress.nftables import NftEgress
+
+    egress_settings = EgressSettings(
+        upstream_iface=settings.egress_upstream_iface,
+        upstream_dns=settings.egress_upstream_dns,
+    )
+    return NftEgress(egress_settings, owner=str(settings.sessions_dir))
+
+
+def build_manager(settings: Settings, *, egress: Egress | None = None) -> SessionManager:
     """A :class:`SessionManager` on libvirt with images from ``settings.images_dir``.
+
+    Args:
+        settings: the host's settings.
+        egress: the egress seam; default :func:`build_egress` of ``settings``.
 
     Raises:
         HypervisorError: libvirt is not reachable.
         HostSetupError: acceleration unknown.
+        ConfigError: the egress settings are malformed.
     """
     from orchestrator.hypervisor.libvirt import LibvirtHypervisor
     from vm_images import find_image
@@ -84,6 +111,7 @@ def build_manager(settings: Settings) -> SessionManager:
         capture_fps=settings.capture_fps,
         max_total_memory_mib=settings.max_total_memory_mib,
         memory_overhead_mib=settings.memory_overhead_mib,
+        egress=egress if egress is not None else build_egress(settings),
     )
 
 

@@ -86,9 +86,15 @@ from orchestrator.errors import (
     SessionNotFound,
 )
 from orchestrator.manager import SessionManager
-from orchestrator.session import Session, SessionState, encode_png
+from orchestrator.session import Session, SessionState, decision_to_json, encode_png
 from orchestrator.settings import Settings
-from orchestrator.spec import MAX_DISPLAY_PX, MIN_DISPLAY_PX, DisplaySpec
+from orchestrator.spec import (
+    MAX_DISPLAY_PX,
+    MAX_EGRESS_ENTRIES,
+    MIN_DISPLAY_PX,
+    DisplaySpec,
+    EgressPolicy,
+)
 
 __all__ = [
     "CLOSE_GOING_AWAY",
@@ -102,8 +108,11 @@ __all__ = [
     "SUBPROTOCOL_BEARER_PREFIX",
     "CreateSessionRequest",
     "DisplayModel",
+    "EgressInfo",
+    "EgressRequest",
     "ErrorBody",
     "HealthResponse",
+    "NetworkDecisionModel",
     "SessionInfo",
     "create_app",
     "run_server",
@@ -141,6 +150,8 @@ _ENDED: frozenset[SessionState] = frozenset({"closing", "closed", "failed"})
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_request": 422,
     "invalid_config": 422,
+    "invalid_egress": 422,
+    "egress_not_configured": 422,
     "image_not_found": 404,
     "session_not_found": 404,
     "not_found": 404,
@@ -264,6 +275,18 @@ class DecisionRequest(_Strict):
 
     decision: Literal["approve", "deny"]
 
+class EgressRequest(_Strict):
+    """The session's egress policy: what the guest may reach (everything else is dropped)."""
+
+    allow: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_EGRESS_ENTRIES,
+        description=(
+            "entries: CIDR[:port] (e.g. 198.51.100.0/24:443) or a domain (example.org, "
+            "*.example.org, optionally :port); [] gives a NIC that reaches nothing"
+        ),
+    )
+
 
 class CreateSessionRequest(_Strict):
     """Body of ``POST /v1/sessions``; every field is optional."""
@@ -310,6 +333,35 @@ class CreateSessionRequest(_Strict):
         " app reporting every input as JSON lines on the guest log; the session is ready once"
         " it reports probe_ready); null: the xterm",
     )
+    egress: EgressRequest | None = Field(
+        None,
+        description="network allowlist; absent or null: the guest has no network device",
+    )
+
+
+class EgressInfo(BaseModel):
+    """A session's network: its policy and where the guest sits (null: no NIC)."""
+
+    allow: list[str]
+    bridge: str | None = Field(description="host bridge (dvm<id>) once attached")
+    guest_ip: str | None = Field(description="IPv4 the guest gets by DHCP")
+    gateway_ip: str | None = Field(description="bridge address: the guest's router and DNS")
+
+
+class NetworkDecisionModel(BaseModel):
+    """One egress decision (``GET /v1/sessions/{id}/network``)."""
+
+    ts_ns: int = Field(description="CLOCK_MONOTONIC ns of the server host when decided")
+    kind: Literal["dns_answered", "dns_refused", "conn_allowed", "conn_dropped"]
+    reason: str
+    protocol: str = Field(description="tcp, udp, icmp, ipv6, arp, ether:0x..., or dns")
+    src: str | None
+    src_port: int | None
+    dst: str | None
+    dst_port: int | None
+    query: str | None = Field(description="DNS decisions: the name asked")
+    qtype: str | None
+    answers: list[str]
 
 
 class CursorModel(BaseModel):
@@ -338,6 +390,7 @@ class SessionInfo(BaseModel):
     closed_reason: str | None
     limits: LimitsModel | None = None
     autostart: str | None = Field(None, description="what the guest started instead of the xterm")
+    egress: EgressInfo | None = Field(None, description="null: no network device at all")
 
 
 class HealthResponse(BaseModel):
@@ -526,6 +579,20 @@ def _info(session: Session, book: _Book, base_url: str, accel: str) -> SessionIn
             ttl_s=spec.ttl_s,
             idle_timeout_s=spec.idle_timeout_s,
         ),
+        egress=_egress_info(session),
+    )
+
+
+def _egress_info(session: Session) -> EgressInfo | None:
+    policy = session.spec.egress
+    if policy is None:
+        return None
+    attachment = session.egress_attachment
+    return EgressInfo(
+        allow=list(policy.allow),
+        bridge=attachment.bridge if attachment else None,
+        guest_ip=attachment.guest_ip if attachment else None,
+        gateway_ip=attachment.gateway_ip if attachment else None,
     )
 
 
@@ -920,11 +987,19 @@ def create_app(
         On failure nothing is left behind: 404 ``image_not_found``, 422 ``invalid_config``,
         503 ``over_capacity`` / ``over_memory`` / ``insufficient_disk`` (with
         ``Retry-After``), 504 ``boot_timeout`` (with ``console_tail``), 502
-        ``hypervisor_error``. If the client disconnects while the session boots, the
-        session is deleted.
+        ``hypervisor_error`` / ``egress_error``, 422 ``invalid_egress`` (the message names
+        the malformed entry) or ``egress_not_configured`` (a policy on a server without an
+        egress upstream). If the client disconnects while the session boots, the session
+        is deleted.
         """
         display = DisplaySpec(width_px=body.display.width, height_px=body.display.height)
         policy = body.approval.to_policy() if body.approval is not None else None
+        egress_policy: EgressPolicy | None = None
+        if body.egress is not None:
+            try:
+                egress_policy = EgressPolicy(allow=tuple(body.egress.allow))
+            except ConfigError as exc:
+                raise ConfigError(exc.message, code="invalid_egress") from None
         started: list[Session] = []
 
         def on_started(session: Session) -> None:
@@ -946,6 +1021,7 @@ def create_app(
                 ttl_s=body.ttl_s or settings.session_ttl_s,
                 idle_timeout_s=body.idle_timeout_s or settings.idle_timeout_s,
                 autostart=body.autostart,
+                egress=egress_policy,
             )
 
         session = await _run_unless_disconnected(request, create, started, manager)
@@ -1154,6 +1230,25 @@ def create_app(
             raise DeskvmError(f"no pending action {pending_id!r}", code="pending_not_found")
         item = desk.decide(pending_id, body.decision, by=principal.who)
         return _pending_info(item, base_url(request))
+
+    @app.get(
+        "/v1/sessions/{session_id}/network",
+        response_model=list[NetworkDecisionModel],
+        dependencies=[Depends(can_view)],
+        responses=_ERROR_RESPONSES,
+        tags=["sessions"],
+    )
+    async def network(session_id: str) -> list[NetworkDecisionModel]:
+        """Every egress decision of the session so far, in recording order.
+
+        DNS answered/refused and connections allowed/dropped (with the 5-tuple); the same
+        entries are in the recording as ``network`` events. Kept after the session ends;
+        ``[]`` for a session without an egress policy. 502 ``egress_error`` if the
+        decision logs of a live session cannot be read.
+        """
+        session = manager.get(session_id)
+        decisions = await anyio.to_thread.run_sync(session.network_decisions)
+        return [NetworkDecisionModel(**decision_to_json(d)) for d in decisions]
 
     # -- WebSocket ----------------------------------------------------------------------
 

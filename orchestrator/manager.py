@@ -18,13 +18,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.clock import Clock, SystemClock
-from orchestrator.errors import CapacityError, DeskvmError, SessionNotFound
+from orchestrator.egress.base import Egress
+from orchestrator.errors import CapacityError, ConfigError, DeskvmError, SessionNotFound
 from orchestrator.hypervisor.base import Hypervisor
 from orchestrator.hypervisor.domain_xml import hard_limit_mib as _hard_mib
 from orchestrator.input_plan import Pacing
 from orchestrator.recorder import FileRecorder
 from orchestrator.session import Session
-from orchestrator.spec import Autostart, BootImage, DisplaySpec, SessionSpec, new_session_id
+from orchestrator.spec import (
+    Autostart,
+    BootImage,
+    DisplaySpec,
+    EgressPolicy,
+    SessionSpec,
+    new_session_id,
+)
 
 CLOSED_TTL = "ttl expired"
 """``closed_reason`` of a session ended because it reached its ``ttl_s``."""
@@ -53,6 +61,8 @@ class SessionManager:
         max_total_memory_mib: sum of the live sessions' host memory hard limits (guest RAM
             plus QEMU overhead, MiB) the server accepts; ``None``: no limit.
         memory_overhead_mib: QEMU overhead added to each session's hard limit, MiB.
+        egress: the egress seam (``NftEgress`` on a host with an upstream configured,
+            ``FakeEgress`` in tests); ``None``: sessions with an egress policy are refused.
     """
 
     def __init__(
@@ -68,8 +78,10 @@ class SessionManager:
         capture_fps: float | None = None,
         max_total_memory_mib: int | None = None,
         memory_overhead_mib: int = 768,
+        egress: Egress | None = None,
     ) -> None:
         self.hypervisor = hypervisor
+        self.egress = egress
         self._max_total_memory_mib = max_total_memory_mib
         self._memory_overhead_mib = memory_overhead_mib
         self._resolve_image = resolve_image
@@ -97,6 +109,7 @@ class SessionManager:
         ttl_s: float | None = None,
         idle_timeout_s: float | None = None,
         autostart: Autostart | None = None,
+        egress: EgressPolicy | None = None,
     ) -> Session:
         """Start a session and block until its desktop is drawn.
 
@@ -107,14 +120,26 @@ class SessionManager:
                 :class:`~orchestrator.spec.SessionSpec`.
             autostart: what the guest starts instead of the xterm (e.g. ``"input-probe"``);
                 also decides the readiness criterion.
+            egress: the session's network allowlist; ``None`` (default) means no NIC at
+                all. An empty policy gets a NIC, DHCP and a resolver that answers nothing.
 
         Raises:
             CapacityError: ``over_capacity`` (``max_sessions`` are live already) or
                 ``over_memory`` (the hard limits would exceed ``max_total_memory_mib``);
                 checked before anything is started.
-            ConfigError, ImageNotFound: bad request.
-            HypervisorError, BootTimeout: could not start (nothing is left behind).
+            ConfigError, ImageNotFound: bad request; ``ConfigError`` with code
+                ``egress_not_configured`` when a policy is given and this manager has no
+                egress (no upstream configured).
+            HypervisorError, BootTimeout, EgressError: could not start (nothing is left
+                behind).
         """
+        if egress is not None and self.egress is None:
+            raise ConfigError(
+                "this server has no egress upstream configured, so sessions with an egress "
+                "policy are refused (start it with --egress-upstream-iface IFACE "
+                "--egress-upstream-dns IP[,IP])",
+                code="egress_not_configured",
+            )
         boot_image = self._resolve_image(image)
         spec = SessionSpec(
             session_id=new_session_id(),
@@ -129,6 +154,7 @@ class SessionManager:
             ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s,
             autostart=autostart,
+            egress=egress,
         )
         with self._lock:
             if len(self._live) >= self._max_sessions:
@@ -162,6 +188,7 @@ class SessionManager:
                         "ttl_s": ttl_s,
                         "idle_timeout_s": idle_timeout_s,
                     },
+                    "egress": None if egress is None else {"allow": list(egress.allow)},
                 },
             )
             session = Session(
@@ -172,6 +199,7 @@ class SessionManager:
                 pacing=self._pacing,
                 ready_poll_s=self._ready_poll_s,
                 capture_fps=self._capture_fps,
+                egress=self.egress,
             )
             self._live[spec.session_id] = session
         if on_started is not None:
@@ -291,16 +319,21 @@ class SessionManager:
         return expired, reaped
 
     def reap(self) -> list[str]:
-        """Destroy hypervisor leftovers of sessions this manager does not know.
+        """Destroy hypervisor and egress leftovers of sessions this manager does not know.
 
         Returns:
-            The session ids removed.
+            The session ids removed (sorted).
         """
         with self._lock:
             known = set(self._live)
-        removed = []
+        removed = set()
         for session_id in sorted(self.hypervisor.list_sessions() - known):
             with contextlib.suppress(DeskvmError):
                 self.hypervisor.destroy(session_id)
-                removed.append(session_id)
-        return removed
+                removed.add(session_id)
+        if self.egress is not None:
+            # Under the lock: a session registers before it attaches, so none can attach
+            # between reading the live ids and the egress listing its leftovers.
+            with self._lock, contextlib.suppress(DeskvmError):
+                removed.update(self.egress.reap(frozenset(self._live)))
+        return sorted(removed)

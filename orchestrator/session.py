@@ -1,9 +1,14 @@
 """One disposable session: start the domain, wait for a drawn desktop, act, record, tear down.
 
-:class:`Session` composes the seams (hypervisor, display, recorder, clock). It is a
+:class:`Session` composes the seams (hypervisor, display, recorder, clock, egress). It is a
 context manager: leaving the ``with`` block (normally, on error or on Ctrl-C) destroys the
 domain and deletes the overlay; a start that fails tears down whatever it started before
 the error propagates. Every input is appended to the recording before it is injected.
+
+A session whose spec carries an egress policy gets its filtered network attached before the
+domain starts (the NIC plugs into the session bridge) and detached after the domain is
+destroyed; a poller thread drains the egress decisions into the recording as ``network``
+events every ``network_poll_s`` (and once more at teardown).
 
 Thread safety: actions on one session run one at a time (a lock); different sessions are
 independent.
@@ -15,6 +20,7 @@ import contextlib
 import io
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -36,7 +42,15 @@ from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Resul
 from orchestrator.capture import FrameCapture
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
-from orchestrator.errors import BootTimeout, DeskvmError, HypervisorError, SessionClosed
+from orchestrator.egress.base import Egress, EgressAttachment, NetworkDecision
+from orchestrator.errors import (
+    BootTimeout,
+    ConfigError,
+    DeskvmError,
+    EgressError,
+    HypervisorError,
+    SessionClosed,
+)
 from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
 from orchestrator.input_plan import Pacing, plan_action, release_all
 from orchestrator.recorder import Recorder, Source
@@ -47,6 +61,7 @@ __all__ = [
     "READY_MARKER",
     "Session",
     "SessionState",
+    "decision_to_json",
     "desktop_drawn",
     "encode_png",
     "probe_drawn",
@@ -64,6 +79,31 @@ def encode_png(image: Image.Image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
+
+
+def decision_to_json(decision: NetworkDecision) -> dict[str, Any]:
+    """A network decision as the recording's ``network`` event data and ``GET .../network``.
+
+    Returns:
+        ``{"ts_ns", "kind", "reason", "protocol", "src", "src_port", "dst", "dst_port",
+        "query", "qtype", "answers"}``; ``ts_ns`` is ``CLOCK_MONOTONIC`` ns of this host
+        (when the decision was taken, see
+        :class:`~orchestrator.egress.base.NetworkDecision`), ports and DNS fields ``None``
+        where they do not apply.
+    """
+    return {
+        "ts_ns": decision.ts_ns,
+        "kind": decision.kind,
+        "reason": decision.reason,
+        "protocol": decision.protocol,
+        "src": decision.src,
+        "src_port": decision.src_port,
+        "dst": decision.dst,
+        "dst_port": decision.dst_port,
+        "query": decision.query,
+        "qtype": decision.qtype,
+        "answers": list(decision.answers),
+    }
 
 
 def desktop_drawn(
@@ -114,9 +154,16 @@ class Session:
         clock: time source (fake in tests).
         pacing: input pacing.
         nic: network attachment for sessions with an egress policy (``None``: no NIC).
+            Ignored when ``egress`` attaches the session (the attachment gives the NIC).
+        egress: the egress seam; needed when ``spec.egress`` is set (the session's
+            bridge, rules and resolver are attached before the domain starts).
         ready_poll_s: how often readiness is checked during boot.
         capture_fps: continuous capture rate once ready (frames per second; ``None``: no
             continuous capture and no stills at input moments, only screenshots).
+        network_poll_s: how often egress decisions are drained into the recording (s).
+
+    Raises:
+        ConfigError: ``spec.egress`` is set but no ``egress`` seam was given.
     """
 
     def __init__(
@@ -128,15 +175,31 @@ class Session:
         clock: Clock | None = None,
         pacing: Pacing | None = None,
         nic: NicAttachment | None = None,
+        egress: Egress | None = None,
         ready_poll_s: float = 0.5,
         capture_fps: float | None = None,
+        network_poll_s: float = 1.0,
     ) -> None:
+        if spec.egress is not None and egress is None:
+            raise ConfigError(
+                f"session {spec.session_id} has an egress policy but this host has no "
+                "egress configured"
+            )
         self.spec = spec
         self._hypervisor = hypervisor
         self._recorder = recorder
         self._clock = clock or SystemClock()
         self._pacing = pacing or Pacing()
         self._nic = nic
+        self._egress = egress if spec.egress is not None else None
+        self._egress_attached = False
+        self.egress_attachment: EgressAttachment | None = None
+        self._network_poll_s = network_poll_s
+        self._decisions: list[NetworkDecision] = []
+        self._decisions_seen: Counter[NetworkDecision] = Counter()
+        self._drain_lock = threading.Lock()
+        self._poller_stop = threading.Event()
+        self._poller: threading.Thread | None = None
         self._ready_poll_s = ready_poll_s
         self._domain: Domain | None = None
         self._lock = threading.RLock()
@@ -206,11 +269,13 @@ class Session:
                 "memory_mib": self.spec.memory_mib,
                 "vcpus": self.spec.vcpus,
                 "accel": self._hypervisor.accel,
-                "network": self._nic is not None,
+                "network": self._nic is not None or self.spec.egress is not None,
                 **({"autostart": self.spec.autostart} if self.spec.autostart else {}),
             },
         )
         try:
+            if self._egress is not None and self.spec.egress is not None:
+                self._attach_egress()
             self._domain = self._hypervisor.start(self.spec, nic=self._nic)
             self._wait_ready(t0)
         except BaseException as exc:
@@ -233,6 +298,75 @@ class Session:
                 self._domain.display, self._recorder, self._clock, fps=self._capture_fps
             )
             self._frames.start()
+
+    def _attach_egress(self) -> None:
+        assert self._egress is not None and self.spec.egress is not None
+        self._egress_attached = True  # detach runs at teardown even if attach fails midway
+        t0 = self._clock.monotonic_ns()
+        attachment = self._egress.attach(self.id, self.spec.egress)
+        self.egress_attachment = attachment
+        self._nic = NicAttachment(
+            bridge=attachment.bridge, mac=attachment.guest_mac, tap=attachment.guest_port
+        )
+        self._recorder.append(
+            "network",
+            {
+                "event": "attached",
+                "allow": list(self.spec.egress.allow),
+                "bridge": attachment.bridge,
+                "guest_port": attachment.guest_port,
+                "guest_mac": attachment.guest_mac,
+                "guest_ip": attachment.guest_ip,
+                "gateway_ip": attachment.gateway_ip,
+                "attach_s": round((self._clock.monotonic_ns() - t0) / 1e9, 3),
+            },
+        )
+        self._poller = threading.Thread(
+            target=self._poll_decisions, name=f"deskvm-net-{self.id}", daemon=True
+        )
+        self._poller.start()
+
+    def _poll_decisions(self) -> None:
+        while not self._poller_stop.wait(self._network_poll_s):
+            with contextlib.suppress(DeskvmError):
+                self.drain_network()
+
+    def drain_network(self) -> list[NetworkDecision]:
+        """Append egress decisions not yet recorded to the recording (``network`` events).
+
+        Called by the poller thread every ``network_poll_s``, at teardown, and by readers
+        that want an up-to-date view. A no-op for sessions without egress.
+
+        Returns:
+            The decisions that were new, oldest first.
+
+        Raises:
+            EgressError: the decision logs could not be read.
+            RecorderError: the recording could not be written.
+        """
+        if self._egress is None or self.egress_attachment is None:
+            return []
+        with self._drain_lock:
+            current = Counter(self._egress.decisions(self.id))
+            new = sorted((current - self._decisions_seen).elements(), key=lambda d: d.ts_ns)
+            for decision in new:
+                self._recorder.append("network", decision_to_json(decision))
+                self._decisions_seen[decision] += 1
+                self._decisions.append(decision)
+            return new
+
+    def network_decisions(self) -> list[NetworkDecision]:
+        """Every egress decision recorded so far, in recording order (kept after close).
+
+        Live sessions are drained first. Empty for sessions without an egress policy.
+
+        Raises:
+            EgressError: the decision logs of a live session could not be read.
+        """
+        if self._state in ("starting", "ready"):
+            self.drain_network()
+        with self._drain_lock:
+            return list(self._decisions)
 
     def _wait_ready(self, t0_ns: int) -> None:
         assert self._domain is not None
@@ -309,6 +443,8 @@ class Session:
             self._hypervisor.destroy(self.id)
         except DeskvmError as exc:
             errors.append(exc.message)
+        egress_errors = self._detach_egress()
+        errors += egress_errors
         with contextlib.suppress(DeskvmError):
             self._recorder.append(
                 "lifecycle", {"event": "closed", "reason": reason, "errors": errors}
@@ -319,7 +455,31 @@ class Session:
         if self._state != "failed":
             self._state = "closed"
         if errors:
+            if len(errors) == len(egress_errors):
+                raise EgressError("; ".join(errors))
             raise HypervisorError("; ".join(errors))
+
+    def _detach_egress(self) -> list[str]:
+        """Stop the poller, record the last decisions, detach; every step runs."""
+        if self._egress is None or not self._egress_attached:
+            return []
+        errors: list[str] = []
+        self._poller_stop.set()
+        if self._poller is not None and self._poller is not threading.current_thread():
+            self._poller.join(timeout=10)
+        try:
+            self.drain_network()
+        except DeskvmError as exc:
+            errors.append(f"egress decisions: {exc.message}")
+        try:
+            self._egress.detach(self.id)
+        except DeskvmError as exc:
+            errors.append(exc.message)
+        else:
+            with contextlib.suppress(DeskvmError):
+                self._recorder.append("network", {"event": "detached"})
+        self._egress_attached = False
+        return errors
 
     def _write_guest_log_copy(self) -> None:
         path = self._recorder.path

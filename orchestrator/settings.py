@@ -6,7 +6,8 @@ server at start-up, never at import time. Variables: ``DESKVM_STATE_DIR``,
 ``DESKVM_MAX_SESSIONS``, ``DESKVM_BOOT_TIMEOUT_S``, ``DESKVM_DEFAULT_IMAGE``,
 ``DESKVM_CAPTURE_FPS`` (0 turns continuous capture off), ``DESKVM_MAX_TOTAL_MEMORY_MIB``,
 ``DESKVM_MEMORY_OVERHEAD_MIB``, ``DESKVM_SESSION_TTL_S``, ``DESKVM_IDLE_TIMEOUT_S``,
-``DESKVM_TOKEN_MAX_TTL_S``, ``DESKVM_ALLOWED_ORIGINS`` (comma-separated).
+``DESKVM_TOKEN_MAX_TTL_S``, ``DESKVM_ALLOWED_ORIGINS`` (comma-separated),
+``DESKVM_EGRESS_UPSTREAM_IFACE``, ``DESKVM_EGRESS_UPSTREAM_DNS`` (``IP[,IP]``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ from typing import Any, Literal
 
 from orchestrator.errors import ConfigError
 
-__all__ = ["DEFAULT_STATE_DIR", "Settings"]
+__all__ = ["DEFAULT_STATE_DIR", "Settings", "split_csv"]
 
 DEFAULT_STATE_DIR = Path("/var/lib/deskvm")
+
+
+def split_csv(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")`` (for ``IP[,IP]`` options)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,10 @@ class Settings:
             without ``Origin`` (non-browser clients) is accepted.
         max_actions_per_s: per-session action rate (token bucket refill; burst 2x).
         max_typed_chars_per_s: per-session typed-character rate (burst 2x).
+        egress_upstream_iface: the only interface allowed session traffic may leave by;
+            ``None``: no egress on this host (sessions with a policy are refused).
+        egress_upstream_dns: resolvers the per-session DNS forwards allowlisted names to
+            (addresses, reached through ``egress_upstream_iface``); required with it.
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -72,6 +82,8 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     max_actions_per_s: float = 50.0
     max_typed_chars_per_s: float = 200.0
+    egress_upstream_iface: str | None = None
+    egress_upstream_dns: tuple[str, ...] = ()
 
     @property
     def images_dir(self) -> Path:
@@ -139,6 +151,10 @@ class Settings:
                 values["allowed_origins"] = tuple(
                     o.strip() for o in env["DESKVM_ALLOWED_ORIGINS"].split(",") if o.strip()
                 )
+            if env.get("DESKVM_EGRESS_UPSTREAM_IFACE"):
+                values["egress_upstream_iface"] = env["DESKVM_EGRESS_UPSTREAM_IFACE"]
+            if env.get("DESKVM_EGRESS_UPSTREAM_DNS"):
+                values["egress_upstream_dns"] = split_csv(env["DESKVM_EGRESS_UPSTREAM_DNS"])
         except ValueError as exc:
             raise ConfigError(f"malformed DESKVM_* environment variable: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -151,6 +167,13 @@ class Settings:
             raise ConfigError("capture_fps must be between 0 (off) and 30")
         if not 0 < settings.token_ttl_s <= settings.token_max_ttl_s:
             raise ConfigError("token_ttl_s must be positive and at most token_max_ttl_s")
+        if isinstance(settings.egress_upstream_dns, str):
+            settings = settings.replace(egress_upstream_dns=split_csv(settings.egress_upstream_dns))
+        if bool(settings.egress_upstream_iface) != bool(settings.egress_upstream_dns):
+            raise ConfigError(
+                "egress needs both an upstream interface and upstream DNS servers "
+                "(--egress-upstream-iface IFACE --egress-upstream-dns IP[,IP])"
+            )
         return settings
 
     def replace(self, **changes: Any) -> Settings:

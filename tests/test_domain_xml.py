@@ -43,7 +43,7 @@ def test_domain_xml_golden(accel: Accel) -> None:
 
 
 def test_domain_xml_with_nic_golden() -> None:
-    nic = NicAttachment(bridge="dvm-abcdef012345", mac="52:54:00:12:34:56")
+    nic = NicAttachment(bridge="dvmabcdef012345", mac="52:54:00:12:34:56", tap="dvgabcdef012345")
     check_golden(
         "domain-nic.xml", render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED, nic=nic)
     )

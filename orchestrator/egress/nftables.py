@@ -76,10 +76,14 @@ class NftEgress:
 
     Args:
         settings: upstream interface, DNS servers, pool, state dir.
+        owner: which deskvm installation attaches (its sessions directory), written to
+            ``state_dir/<id>/owner``: :meth:`reap` never touches a session another
+            installation sharing the state dir owns.
     """
 
-    def __init__(self, settings: EgressSettings) -> None:
+    def __init__(self, settings: EgressSettings, *, owner: str = "") -> None:
         self.settings = settings
+        self.owner = owner
         self._readers: dict[str, _Reader] = {}
         self._mutex = threading.Lock()
 
@@ -241,6 +245,7 @@ class NftEgress:
                 plan = self._plan(session_id, policy, slot)
                 state = self._session_dir(session_id)
                 state.mkdir(mode=0o700)
+                (state / "owner").write_text(self.owner)
                 self._ensure_base_table()
                 br = plan.bridge
                 self._run(["ip", "link", "add", br, "type", "bridge"])
@@ -417,20 +422,32 @@ class NftEgress:
         return found
 
     def reap(self, live_session_ids: frozenset[str]) -> list[str]:
-        """See :meth:`orchestrator.egress.base.Egress.reap`."""
-        found = self.labelled_session_ids()
-        dead = sorted(found - set(live_session_ids))
+        """See :meth:`orchestrator.egress.base.Egress.reap`.
+
+        Sessions whose state directory names another owner (another installation sharing
+        ``state_dir``) are left alone; labelled objects without any state are orphans and
+        are removed. Runs under the state dir's lock, so an attach in progress is never
+        mistaken for a leftover.
+        """
         failures = []
-        for session_id in dead:
-            with self._locked():
+        with self._locked():
+            found = self.labelled_session_ids()
+            dead = sorted(sid for sid in found - set(live_session_ids) if not self._foreign(sid))
+            for session_id in dead:
                 failures += [f"{session_id}: {f}" for f in self._teardown(session_id)]
-            self._readers.pop(session_id, None)
-        if not dead:
-            with self._locked(), contextlib.suppress(EgressError, OSError):
-                self._maybe_remove_base()
+                self._readers.pop(session_id, None)
+            if not dead:
+                with contextlib.suppress(EgressError, OSError):
+                    self._maybe_remove_base()
         if failures:
             raise EgressError("reap: " + "; ".join(failures))
         return dead
+
+    def _foreign(self, session_id: str) -> bool:
+        try:
+            return (self._session_dir(session_id) / "owner").read_text() != self.owner
+        except OSError:
+            return False
 
     def labelled_session_ids(self) -> set[str]:
         """Session ids that label anything on this host (bridges, nft, state, processes).

@@ -53,13 +53,19 @@ class SessionPaths:
 class NicAttachment:
     """Where a session's one NIC plugs in (only sessions with an egress policy get one).
 
+    ``nic=None`` (no attachment) means the domain has no ``<interface>`` element at all.
+
     Attributes:
-        bridge: host bridge name (``dvm-<session_id>``).
+        bridge: host bridge name (``dvm<session_id>``, see ``orchestrator.egress``).
         mac: the guest NIC's MAC address, ``52:54:00:xx:xx:xx``.
+        tap: the name the host side of the NIC (the tap) must get, ``dvg<session_id>``
+            (libvirt ``<target dev=.../>``): the bridge's non-IP filter matches frames by
+            this port name. ``None`` lets libvirt pick ``vnetN`` (no port match).
     """
 
     bridge: str
     mac: str
+    tap: str | None = None
 
 
 class Domain(Protocol):

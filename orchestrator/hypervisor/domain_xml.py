@@ -110,7 +110,7 @@ def render_domain_xml(
         paths: where the overlay and logs live.
         accel: ``"kvm"`` (domain type kvm, host CPU model) or ``"tcg"`` (type qemu).
         created: creation time, stored in the metadata (UTC).
-        nic: bridge and MAC for the one NIC, or ``None`` for no network device at all.
+        nic: bridge, MAC and tap name of the one NIC, or ``None`` for no network device at all.
         owner: which deskvm installation owns the domain (its sessions directory); the
             reaper of one installation never touches another's domains.
         emulator: QEMU binary.
@@ -179,6 +179,8 @@ def render_domain_xml(
     if nic is not None:
         iface = _sub(devices, "interface", type="bridge")
         _sub(iface, "source", bridge=nic.bridge)
+        if nic.tap is not None:
+            _sub(iface, "target", dev=nic.tap)
         _sub(iface, "mac", address=nic.mac)
         _sub(iface, "model", type="virtio")
     video = _sub(devices, "video")
