@@ -15,6 +15,7 @@ __all__ = [
     "CPU_PERIOD_US",
     "DOMAIN_PREFIX",
     "METADATA_NS",
+    "NETWORK_CMDLINE",
     "TCG_TB_CACHE_MIB",
     "cpu_quota_us",
     "domain_name",
@@ -26,6 +27,8 @@ __all__ = [
 ]
 
 DOMAIN_PREFIX = "deskvm-"
+NETWORK_CMDLINE = "systemd.wants=systemd-networkd.service systemd.wants=systemd-resolved.service"
+"""Appended to the kernel command line of domains with a NIC (see :func:`render_domain_xml`)."""
 METADATA_NS = "https://deskvm.dev/xmlns/session/1"
 
 
@@ -97,7 +100,9 @@ def render_domain_xml(
     appended to the image's command line, a USB tablet (absolute
     pointer), a stdvga card whose EDID prefers the requested size, two file-backed serial
     ports (console, guest log), no graphics server, no balloon, and a network interface
-    only when ``nic`` is given. Every lifecycle event (poweroff, reboot, crash) destroys it.
+    only when ``nic`` is given (then :data:`NETWORK_CMDLINE` is appended to the kernel
+    command line so that a systemd guest starts DHCP and its resolver). Every lifecycle
+    event (poweroff, reboot, crash) destroys it.
     Limits: ``<cputune>`` CFS bandwidth when ``spec.cpu_quota_pct`` is set, and disk write
     errors reported to the guest (``error_policy="report"``) instead of pausing the domain.
     The memory hard limit (:func:`hard_limit_mib`) is *not* in this XML: libvirt 9 also
@@ -147,6 +152,10 @@ def render_domain_xml(
     cmdline = f"{spec.image.kernel_cmdline} deskvm.display={display.width_px}x{display.height_px}"
     if spec.autostart is not None:
         cmdline += f" deskvm.autostart={spec.autostart}"
+    if nic is not None:
+        # With a NIC, ask systemd (systemd-debug-generator) for DHCP and a resolver: the
+        # image keeps both disabled so that sessions without network pay nothing for them.
+        cmdline += f" {NETWORK_CMDLINE}"
     _sub(os_el, "cmdline", cmdline)
     features = _sub(dom, "features")
     _sub(features, "acpi")
