@@ -192,3 +192,14 @@ def test_runtime_builds_the_real_egress_only_with_an_upstream(tmp_path: Path) ->
     assert isinstance(egress, NftEgress)
     assert egress.owner == str(tmp_path / "sessions")
     assert egress.settings.upstream_iface == "up0"
+
+
+def test_serve_has_the_egress_upstream_options() -> None:
+    from typer.testing import CliRunner
+
+    from agent_bridge.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "--egress-upstream-iface" in result.output
+    assert "--egress-upstream-dns" in result.output

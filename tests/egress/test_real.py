@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 from egress_world import POLICY, World, leftovers, print_table, run_bypass_table
 
+from orchestrator.clock import SystemClock
 from orchestrator.egress import NftEgress
-from orchestrator.errors import EgressError
-from orchestrator.spec import EgressPolicy, new_session_id
+from orchestrator.errors import EgressError, HypervisorError
+from orchestrator.hypervisor.fake import FakeHypervisor
+from orchestrator.recorder import MemoryRecorder
+from orchestrator.session import Session
+from orchestrator.spec import BootImage, EgressPolicy, SessionSpec, new_session_id
 
 pytestmark = pytest.mark.netns
 
@@ -108,4 +112,35 @@ def test_failed_attach_cleans_up(bare_world: World) -> None:
     with pytest.raises(EgressError, match="attach"):
         broken.attach(sid, POLICY)
     assert broken.labelled_session_ids() == set()
+    assert not deskvm_leftovers()
+
+
+def test_reap_leaves_sessions_of_another_owner(bare_world: World) -> None:
+    w = bare_world
+    mine, theirs = new_session_id(), new_session_id()
+    NftEgress(w.settings, owner="/other/sessions").attach(theirs, EgressPolicy())
+    me = NftEgress(w.settings, owner="/my/sessions")
+    me.attach(mine, EgressPolicy())
+    # my server restarts: it knows none of its sessions, and never touches theirs
+    assert NftEgress(w.settings, owner="/my/sessions").reap(frozenset()) == [mine]
+    assert NftEgress(w.settings, owner="/other/sessions").labelled_session_ids() == {theirs}
+    NftEgress(w.settings, owner="/other/sessions").detach(theirs)
+    assert not deskvm_leftovers()
+
+
+def test_session_failing_to_start_leaves_no_network(bare_world: World) -> None:
+    """A real egress under a session whose domain fails to start: nothing is left."""
+    w = bare_world
+    hv = FakeHypervisor()
+    hv.fail_on.add("start")
+    image = BootImage("debian12-desktop", "cd" * 32, Path("/b"), Path("/k"), Path("/i"))
+    spec = SessionSpec(new_session_id(), image, egress=POLICY)
+    recorder = MemoryRecorder(SystemClock())
+    session = Session(spec, hypervisor=hv, recorder=recorder, egress=w.egress)
+    with pytest.raises(HypervisorError, match="injected"):
+        session.start()
+    assert session.state == "failed"
+    attached = [e.data for e in recorder.events if e.kind == "network"]
+    assert attached[0]["event"] == "attached" and attached[-1] == {"event": "detached"}
+    assert spec.session_id not in w.egress.labelled_session_ids()
     assert not deskvm_leftovers()

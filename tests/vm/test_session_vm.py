@@ -51,6 +51,9 @@ def test_delete_leaves_no_domain_and_no_overlay(deskvm_client: Client, settings:
     conn = libvirt.open("qemu:///system")
     try:
         assert f"deskvm-{session.id}" in [d.name() for d in conn.listAllDomains(0)]
+        # no egress policy: no network device at all (what `virsh dumpxml` shows)
+        xml = conn.lookupByName(f"deskvm-{session.id}").XMLDesc(0)
+        assert "<interface" not in xml and "systemd.wants" not in xml
         session.delete()
         names = [d.name() for d in conn.listAllDomains(0)]
     finally:
