@@ -129,15 +129,62 @@ def doctor(
         bool, typer.Option(help="Probe KVM/TCG again even if a verdict is stored.")
     ] = False,
     state_dir: StateDir = None,
+    input_check: Annotated[
+        bool,
+        typer.Option(
+            "--input",
+            help="Also boot an input-probe session and check that clicks, keys, text and"
+            " scrolls arrive exactly (prints a pass/fail table; exit code 1 on a failure).",
+        ),
+    ] = False,
 ) -> None:
     """Check the host: packages, libvirt daemons, /dev/kvm permissions, acceleration.
 
     Acceleration is probed by booting a tiny guest: KVM only if it really runs, else TCG
-    (with a warning: TCG is not a security boundary).
+    (with a warning: TCG is not a security boundary). With ``--input``, a session with the
+    guest's input probe is booted and a short fidelity check runs against it.
     """
     settings = _settings(state_dir)
     accel = setup_host(settings, fix=fix, reprobe=reprobe)
     console.print(f"[green]Host ready[/] (acceleration: {accel}).")
+    if input_check and not _input_check(settings):
+        raise typer.Exit(1)
+
+
+def _input_check(settings: Settings) -> bool:
+    """Boot a probe session, run :func:`agent_bridge.input_check.run_input_check`, print it."""
+    import secrets
+
+    from agent_bridge.client import Client
+    from agent_bridge.input_check import run_input_check
+    from agent_bridge.runtime import BackgroundServer, build_manager
+    from agent_bridge.server import create_app
+
+    width_px, height_px = 1280, 800
+    manager = build_manager(settings)
+    manager.reap()
+    token = secrets.token_urlsafe(24)
+    with (
+        BackgroundServer(create_app(manager, token=token, settings=settings)) as server,
+        Client(server.url, token) as client,
+    ):
+        with console.status("booting a session with the input probe..."):
+            session = client.create_session(
+                width=width_px, height=height_px, autostart="input-probe"
+            )
+        with session:
+            rows = run_input_check(session, width_px, height_px)
+    table = Table("case", "result", "guest received")
+    for row in rows:
+        table.add_row(row.case, "[green]pass[/]" if row.ok else "[red]FAIL[/]", row.detail)
+    console.print(table)
+    failed = sum(not r.ok for r in rows)
+    console.print(
+        f"[green]input fidelity: {len(rows)} of {len(rows)} cases pass[/]"
+        if not failed
+        else f"[red]input fidelity: {failed} of {len(rows)} cases FAIL[/]"
+    )
+    return not failed
 
 
 def build_image_with_progress(name: str, settings: Settings, *, force: bool = False) -> Any:

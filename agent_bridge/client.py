@@ -303,6 +303,7 @@ class Client:
         idle_timeout_s: float | None = None,
         approval: Mapping[str, Any] | None = None,
         egress_allow: Sequence[str] | None = None,
+        autostart: str | None = None,
     ) -> Session:
         """Create a session and wait until its desktop is drawn.
 
@@ -321,6 +322,8 @@ class Client:
             egress_allow: the egress allowlist (``CIDR[:port]``, ``example.org``,
                 ``*.example.org``, optionally ``:port``); ``None`` (default): the guest has
                 no network device at all; ``[]``: a NIC that reaches nothing.
+            autostart: ``"input-probe"`` starts the guest's input probe instead of the
+                xterm (ready once the probe reports ``probe_ready``); ``None``: the xterm.
 
         Returns:
             The ready session (its WebSocket opens on the first action).
@@ -348,6 +351,7 @@ class Client:
             ("ttl_s", ttl_s),
             ("idle_timeout_s", idle_timeout_s),
             ("approval", dict(approval) if approval is not None else None),
+            ("autostart", autostart),
         ):
             if value is not None:
                 body[key] = value
@@ -359,13 +363,21 @@ class Client:
         response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return Session(self, SessionInfo.from_json(response.json()))
 
-    def attach(self, session_id: str, *, schema: str = "deskvm") -> Session:
+    def attach(
+        self, session_id: str, *, schema: str = "deskvm", query: Mapping[str, str] | None = None
+    ) -> Session:
         """A client-side handle on an existing session (e.g. created by someone else).
+
+        Args:
+            session_id: the session.
+            schema: the WebSocket vocabulary.
+            query: more WebSocket query parameters, e.g. ``{"scale_to": "1024x640"}`` or
+                ``{"max_long_edge": "1024"}`` (see ``docs/protocol.md``).
 
         Raises:
             RemoteError: ``session_not_found``.
         """
-        return Session(self, self.get_session(session_id), schema=schema)
+        return Session(self, self.get_session(session_id), schema=schema, query=query)
 
     def mint_token(
         self,
@@ -442,9 +454,16 @@ class Client:
         obj = self._request("GET", "/healthz").json()
         return Health(ok=bool(obj.get("ok")), sessions=int(obj.get("sessions", 0)))
 
-    def _connect_ws(self, ws_url: str, schema: str, stack: ExitStack) -> ClientConnection:
+    def _connect_ws(
+        self,
+        ws_url: str,
+        schema: str,
+        stack: ExitStack,
+        query: Mapping[str, str] | None = None,
+    ) -> ClientConnection:
         """Open a WebSocket whose lifetime ``stack`` manages (websockets wants a ``with``)."""
-        url = ws_url if schema == "deskvm" else f"{ws_url}?{urlencode({'schema': schema})}"
+        params = {**({} if schema == "deskvm" else {"schema": schema}), **(query or {})}
+        url = f"{ws_url}?{urlencode(params)}" if params else ws_url
         try:
             return stack.enter_context(
                 connect(
@@ -479,13 +498,22 @@ class Session:
         info: the session's description.
         schema: the WebSocket ``schema``; the typed methods need ``deskvm``, :meth:`request`
             works with any.
+        query: more WebSocket query parameters (``scale_to``, ``max_long_edge``).
     """
 
-    def __init__(self, client: Client, info: SessionInfo, *, schema: str = "deskvm") -> None:
+    def __init__(
+        self,
+        client: Client,
+        info: SessionInfo,
+        *,
+        schema: str = "deskvm",
+        query: Mapping[str, str] | None = None,
+    ) -> None:
         self.client = client
         self.info_at_start = info
         self.id = info.id
         self.schema = schema
+        self.query = dict(query or {})
         self._ws: ClientConnection | None = None
         self._stack = ExitStack()
         self._ids: Iterator[int] = itertools.count(1)
@@ -509,7 +537,9 @@ class Session:
     def _socket(self) -> ClientConnection:
         if self._ws is None:
             self._stack = ExitStack()
-            self._ws = self.client._connect_ws(self.info_at_start.ws_url, self.schema, self._stack)
+            self._ws = self.client._connect_ws(
+                self.info_at_start.ws_url, self.schema, self._stack, self.query
+            )
         return self._ws
 
     def close(self) -> None:

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Typing throughput with zero loss on a real VM, measured by the guest's input probe.
+
+Boots one session with ``autostart="input-probe"`` and types printable ASCII into the
+probe's text field over the bridge (deskvm vocabulary), ``--rounds`` times ``--chars``
+characters. A round counts only if the probe then reports exactly the text typed (nothing
+dropped, doubled or reordered). Prints, per round and overall: characters, seconds from the
+first request to the probe reporting the whole text, characters per second, exact or not.
+
+``--key-ms`` sets ``Pacing.key_s`` (the pause after each key press or release) for this
+run, to compare pacings; the default is the shipped pacing. The bridge's typed-characters
+rate limit is raised for the run so it measures the input path, not the limiter.
+
+Run as root on a host set up by `deskvm doctor --fix` with the default image built:
+    python3 bench/input_typing.py [--chars 400] [--rounds 3] [--key-ms 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import secrets
+import time
+
+from agent_bridge.client import Client
+from agent_bridge.input_check import measure_typing
+from agent_bridge.runtime import BackgroundServer, resolve_accel
+from agent_bridge.server import create_app
+from orchestrator.hypervisor.libvirt import LibvirtHypervisor
+from orchestrator.input_plan import Pacing
+from orchestrator.manager import SessionManager
+from orchestrator.settings import Settings
+from vm_images import find_image
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--chars", type=int, default=400, help="characters per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds to time")
+    parser.add_argument(
+        "--key-ms", type=float, default=None, help="pause after each key transition, ms"
+    )
+    args = parser.parse_args()
+
+    settings = dataclasses.replace(Settings.from_env(), max_typed_chars_per_s=100_000.0)
+    pacing = Pacing() if args.key_ms is None else Pacing(key_s=args.key_ms / 1000)
+    manager = SessionManager(
+        hypervisor=LibvirtHypervisor(
+            settings.sessions_dir, accel=resolve_accel(settings), uri=settings.libvirt_uri
+        ),
+        resolve_image=lambda name: find_image(name or settings.default_image, settings.images_dir),
+        recordings_dir=settings.recordings_dir,
+        max_sessions=settings.max_sessions,
+        memory_overhead_mib=settings.memory_overhead_mib,
+        pacing=pacing,
+    )
+    manager.reap()
+    token = secrets.token_urlsafe(24)
+    print(f"pacing: key {pacing.key_s * 1000:.1f} ms per key transition")
+    with (
+        BackgroundServer(create_app(manager, token=token, settings=settings)) as server,
+        Client(server.url, token) as client,
+    ):
+        t0 = time.monotonic()
+        session = client.create_session(autostart="input-probe", boot_timeout_s=180)
+        with session:
+            print(f"probe session {session.id} ready in {time.monotonic() - t0:.1f} s")
+            rates, exact_all = [], True
+            for i in range(args.rounds):
+                rate, exact = measure_typing(session, args.chars)
+                rates.append(rate)
+                exact_all &= exact
+                print(
+                    f"round {i + 1}: {args.chars} chars, {args.chars / rate:.2f} s, "
+                    f"{rate:.1f} chars/s, {'exact' if exact else 'LOSS or reordering'}"
+                )
+    verdict = "zero loss" if exact_all else "NOT exact"
+    print(
+        f"typing throughput: {min(rates):.1f}..{max(rates):.1f} chars/s "
+        f"(median {sorted(rates)[len(rates) // 2]:.1f}), {verdict}, "
+        f"{args.rounds} x {args.chars} printable ASCII chars, "
+        f"key pause {pacing.key_s * 1000:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
