@@ -24,7 +24,7 @@ from typing import Any
 
 from agent_bridge.client import Session
 
-__all__ = ["CheckRow", "ProbeReader", "measure_typing", "run_input_check"]
+__all__ = ["CheckRow", "ProbeReader", "TypingRun", "measure_typing", "run_input_check"]
 
 Event = dict[str, Any]
 
@@ -204,13 +204,12 @@ def _wheels_at_least(count: int) -> Callable[[list[Event]], bool]:
     return lambda events: sum(e.get("ev") == "wheel" for e in events) >= count
 
 
-def measure_typing(session: Session, chars: int, timeout_s: float = 300.0) -> tuple[float, bool]:
+def measure_typing(session: Session, chars: int, timeout_s: float = 300.0) -> TypingRun:
     """Type ``chars`` printable ASCII characters into the probe's field and time it.
 
     Returns:
-        ``(chars_per_s, exact)``: characters per second from the request to the guest
-        reporting the whole text (so it includes the guest's own processing), and whether
-        the field then held exactly the text (nothing dropped or reordered).
+        The timings and whether the field then held exactly the text (nothing dropped,
+        doubled or reordered).
     """
     probe = ProbeReader(session)
     probe.clear_text()
@@ -219,6 +218,29 @@ def measure_typing(session: Session, chars: int, timeout_s: float = 300.0) -> tu
     since = probe.mark()
     t0 = time.monotonic()
     session.type(text)
+    sent_s = time.monotonic() - t0
     events = probe.wait(since, lambda ev: has_text(ev, text), timeout_s)
-    elapsed_s = time.monotonic() - t0
-    return chars / elapsed_s, has_text(events, text)
+    return TypingRun(chars, sent_s, time.monotonic() - t0, has_text(events, text))
+
+
+@dataclass(frozen=True, slots=True)
+class TypingRun:
+    """One timed ``type`` into the probe.
+
+    Attributes:
+        chars: characters typed.
+        sent_s: seconds for the ``type`` request (every key event injected, paced).
+        seen_s: seconds until the probe reported the whole text on the guest log (adds
+            the guest's own work: the probe echoes its whole field on every change).
+        exact: the field held exactly the text typed.
+    """
+
+    chars: int
+    sent_s: float
+    seen_s: float
+    exact: bool
+
+    @property
+    def chars_per_s(self) -> float:
+        """Injection rate: characters per second of the ``type`` request."""
+        return self.chars / self.sent_s

@@ -4,8 +4,9 @@
 Boots one session with ``autostart="input-probe"`` and types printable ASCII into the
 probe's text field over the bridge (deskvm vocabulary), ``--rounds`` times ``--chars``
 characters. A round counts only if the probe then reports exactly the text typed (nothing
-dropped, doubled or reordered). Prints, per round and overall: characters, seconds from the
-first request to the probe reporting the whole text, characters per second, exact or not.
+dropped, doubled or reordered). Prints, per round and overall: characters, seconds to
+inject them (the ``type`` request, paced), characters per second, seconds until the probe
+reported the whole text, exact or not.
 
 ``--key-ms`` sets ``Pacing.key_s`` (the pause after each key press or release) for this
 run, to compare pacings; the default is the shipped pacing. The bridge's typed-characters
@@ -69,12 +70,13 @@ def main() -> None:
             print(f"probe session {session.id} ready in {time.monotonic() - t0:.1f} s")
             rates, exact_all = [], True
             for i in range(args.rounds):
-                rate, exact = measure_typing(session, args.chars)
-                rates.append(rate)
-                exact_all &= exact
+                run = measure_typing(session, args.chars)
+                rates.append(run.chars_per_s)
+                exact_all &= run.exact
                 print(
-                    f"round {i + 1}: {args.chars} chars, {args.chars / rate:.2f} s, "
-                    f"{rate:.1f} chars/s, {'exact' if exact else 'LOSS or reordering'}"
+                    f"round {i + 1}: {run.chars} chars injected in {run.sent_s:.2f} s "
+                    f"({run.chars_per_s:.1f} chars/s), whole text reported by the probe "
+                    f"after {run.seen_s:.2f} s, {'exact' if run.exact else 'LOSS or reordering'}"
                 )
     verdict = "zero loss" if exact_all else "NOT exact"
     print(
@@ -83,7 +85,6 @@ def main() -> None:
         f"{args.rounds} x {args.chars} printable ASCII chars, "
         f"key pause {pacing.key_s * 1000:.1f} ms"
     )
-
 
 if __name__ == "__main__":
     main()
