@@ -6,8 +6,10 @@
                                                                             203.0.113.{10,11}
                                                                             2001:db8:1::80
 
-The host routes only 198.51.100.0/24 and 203.0.113.0/24 to the internet namespace (the
-real uplink of these machines sits in 192.0.2.0/24, which the world never touches).
+The host routes only the world's own addresses (host routes, /32) to the internet
+namespace. The real uplink of these machines sits in 192.0.2.0/24, which the world never
+touches, and the package mirror answers at an address inside 203.0.113.0/24: routing the
+whole range would cut the host off from apt and PyPI while a test runs.
 Everything created is removed by :meth:`World.close`, also after a failure.
 """
 
@@ -29,6 +31,15 @@ from orchestrator.egress import EgressAttachment, EgressSettings, NftEgress
 from orchestrator.spec import EgressPolicy, new_session_id
 
 HERE = Path(__file__).resolve().parent
+# The "internet" namespace's addresses; the host routes exactly these to it.
+INTERNET_ADDRS = (
+    "198.51.100.7",
+    "198.51.100.8",
+    "198.51.100.9",
+    "198.51.100.53",
+    "203.0.113.10",
+    "203.0.113.11",
+)
 POLICY = EgressPolicy(allow=("allowed.test", "*.wild.test", "198.51.100.7/32:443", "*.rebind.test"))
 ZONE_A = {
     "allowed.test": "203.0.113.10",
@@ -100,18 +111,11 @@ class World:
         sh(*ns, "addr", "add", "203.0.113.2/30", "dev", "eth0")
         sh(*ns, "link", "set", "eth0", "up")
         sh(*ns, "link", "set", "lo", "up")
-        for addr in (
-            "198.51.100.7",
-            "198.51.100.8",
-            "198.51.100.9",
-            "198.51.100.53",
-            "203.0.113.10",
-            "203.0.113.11",
-        ):
+        for addr in INTERNET_ADDRS:
             sh(*ns, "addr", "add", f"{addr}/32", "dev", "lo")
         sh(*ns, "-6", "addr", "add", "2001:db8:1::80/128", "dev", "lo", "nodad")
-        sh("ip", "route", "add", "198.51.100.0/24", "via", "203.0.113.2", "dev", self.up)
-        sh("ip", "route", "add", "203.0.113.0/24", "via", "203.0.113.2", "dev", self.up)
+        for addr in INTERNET_ADDRS:
+            sh("ip", "route", "add", f"{addr}/32", "via", "203.0.113.2", "dev", self.up)
         config = {
             "log": str(self.internet_log),
             "dns": ["198.51.100.53"],
@@ -243,8 +247,8 @@ class World:
         if self.server is not None:
             step(self.server.kill)
             step(self.server.wait)
-        step(lambda: sh("ip", "route", "del", "198.51.100.0/24", check=False))
-        step(lambda: sh("ip", "route", "del", "203.0.113.0/24", check=False))
+        for addr in INTERNET_ADDRS:
+            step(lambda addr=addr: sh("ip", "route", "del", f"{addr}/32", check=False))
         for link in (self.up,):
             if Path(f"/sys/class/net/{link}").exists():
                 step(lambda link=link: sh("ip", "link", "del", link))
