@@ -324,10 +324,14 @@ class SessionManager:
         Returns:
             The session ids removed (sorted).
         """
+        # List first, then read the live ids: a session registers before its domain exists,
+        # so any domain in the listing belongs to a session already in ``_live`` (the other
+        # order would reap a session created between the two reads).
+        found = self.hypervisor.list_sessions()
         with self._lock:
             known = set(self._live)
         removed = set()
-        for session_id in sorted(self.hypervisor.list_sessions() - known):
+        for session_id in sorted(found - known):
             with contextlib.suppress(DeskvmError):
                 self.hypervisor.destroy(session_id)
                 removed.add(session_id)
