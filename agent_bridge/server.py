@@ -680,11 +680,17 @@ _AdminPrincipal = Annotated[_Principal, Depends(_SessionGuard("admin"))]
 
 
 class _Bucket:
-    """A token bucket: ``rate_per_s`` refill, ``burst`` capacity (monotonic seconds)."""
+    """A token bucket: ``rate_per_s`` refill, ``burst`` capacity (monotonic seconds).
 
-    def __init__(self, rate_per_s: float, burst: float) -> None:
+    With ``allow_debt`` a request larger than what is left still passes while the bucket
+    is not in debt, and the bucket goes negative: one long ``type`` (up to the protocol's
+    text limit) is allowed, and the session then waits until the debt is repaid.
+    """
+
+    def __init__(self, rate_per_s: float, burst: float, *, allow_debt: bool = False) -> None:
         self.rate_per_s = rate_per_s
         self.burst = burst
+        self.allow_debt = allow_debt
         self._level = burst
         self._t = time.monotonic()
         self._lock = threading.Lock()
@@ -694,7 +700,7 @@ class _Bucket:
             now = time.monotonic()
             self._level = min(self.burst, self._level + (now - self._t) * self.rate_per_s)
             self._t = now
-            if amount > self._level:
+            if amount > self._level and not (self.allow_debt and self._level > 0):
                 return False
             self._level -= amount
             return True
@@ -715,7 +721,7 @@ class _RateLimits:
             if session_id not in self._buckets:
                 self._buckets[session_id] = (
                     _Bucket(self._actions_per_s, 2 * self._actions_per_s),
-                    _Bucket(self._chars_per_s, 2 * self._chars_per_s),
+                    _Bucket(self._chars_per_s, 2 * self._chars_per_s, allow_debt=True),
                 )
             action_bucket, char_bucket = self._buckets[session_id]
         chars = sum(len(a.text) for a in actions if isinstance(a, Type))

@@ -206,8 +206,10 @@ def test_flooding_client_is_closed_and_other_sessions_carry_on(
 def test_typed_characters_are_rate_limited(hardened: TestClient) -> None:
     sid = _create(hardened)["id"]
     with hardened.websocket_connect(f"/v1/sessions/{sid}/ws") as ws:
-        assert _ask(ws, {"id": 1, "action": "type", "text": "a" * 30})["ok"] is True
-        reply = _ask(ws, {"id": 2, "action": "type", "text": "b" * 30})
+        # One text longer than the burst (40 at 20/s) is one action and passes...
+        assert _ask(ws, {"id": 1, "action": "type", "text": "a" * 100})["ok"] is True
+        # ...and the session then owes the time: the next text is refused.
+        reply = _ask(ws, {"id": 2, "action": "type", "text": "b"})
         assert reply["error"]["code"] == "rate_limited"
 
 
