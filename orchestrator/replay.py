@@ -38,6 +38,10 @@ __all__ = [
     "verify",
 ]
 
+# Stills that show the screen at an input's moment: taken before injecting (``input``) or,
+# for actions that inject nothing, the screenshot the client received.
+_STEP_STILLS = ("input", "screenshot")
+
 
 def read_events(bundle: Path) -> list[dict[str, Any]]:
     """Every complete event line of ``bundle/events.jsonl`` (a torn last line is skipped).
@@ -324,7 +328,7 @@ class Recording:
                 last_input = None
             if kind != "frame":
                 continue
-            if data.get("reason") == "input" and last_input is not None:
+            if data.get("reason") in _STEP_STILLS and last_input is not None:
                 self._input_still.setdefault(last_input, seq)
             video = data.get("video")
             if video is not None and video not in finished:
@@ -443,7 +447,8 @@ class Recording:
             before = None
             for later in self.events[seq + 1 : end]:
                 data = later.get("data", {})
-                if later["kind"] == "frame" and data.get("reason") == "input" and before is None:
+                is_still = later["kind"] == "frame" and data.get("reason") in _STEP_STILLS
+                if is_still and before is None:
                     before = int(later["seq"])
                 if later["kind"] in ("result", "error") and result is None:
                     result = dict(data)

@@ -206,12 +206,18 @@ def _frame_count(session: Any) -> int:
 
 
 def _still_after(session: Any, from_seq: int) -> Image.Image | None:
-    """The first ``input`` still recorded at or after event ``from_seq`` of the new run."""
+    """The new run's still of the step that began at event ``from_seq``.
+
+    The first ``input`` or ``screenshot`` still at or after ``from_seq``; for actions that
+    record neither (``wait``), the frame shown when the step ended.
+    """
     path = session.recorder.path
     if path is None:
         return None
     recording = Recording(path)
     for event in recording.events[from_seq:]:
-        if event.get("kind") == "frame" and event["data"].get("reason") == "input":
+        if event.get("kind") == "frame" and event["data"].get("reason") in ("input", "screenshot"):
             return _frame(recording, int(event["seq"]))
-    return None
+    if not recording.events:
+        return None
+    return _frame(recording, recording.frame_seq_at(recording.t_s(recording.events[-1])))

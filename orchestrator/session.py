@@ -563,7 +563,9 @@ class Session:
                 raise
             self._recorder.append("input", record, source=source)
             try:
-                if self._frames is not None:
+                # The still of the input moment: only for actions that inject input (a
+                # screenshot records its own still; taking two cost a second screendump).
+                if self._frames is not None and steps:
                     self._frames.still(reason="input", source=source)
                 if steps and secret:
                     count = sum(len(s.events) for s in steps)
