@@ -60,7 +60,10 @@ def test_no_network_device_no_host_sharing_without_a_policy() -> None:
     assert len(disks) == 1
     assert disks[0].find("source").get("file") == str(PATHS.overlay)  # type: ignore[union-attr]
     tablet = [i for i in devices.findall("input") if i.get("type") == "tablet"]
-    assert tablet and tablet[0].get("bus") == "usb"
+    assert tablet and tablet[0].get("bus") == "virtio"
+    assert [c.get("model") for c in devices.findall("controller") if c.get("type") == "usb"] == [
+        "none"
+    ]
     assert root.findtext("memory") == "2048" and root.find("memory").get("unit") == "MiB"  # type: ignore[union-attr]
     assert "deskvm.display=1280x800" in (root.findtext("os/cmdline") or "")
 
