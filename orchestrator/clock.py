@@ -23,8 +23,12 @@ class Clock(Protocol):
         """Current UTC wall-clock time."""
         ...
 
-    def sleep(self, seconds: float) -> None:
-        """Block for ``seconds``."""
+    def sleep(self, seconds: float, interrupt: threading.Event | None = None) -> bool:
+        """Block for ``seconds``, or until ``interrupt`` is set.
+
+        Returns:
+            ``True`` if ``interrupt`` was set (the sleep may have been cut short).
+        """
         ...
 
 
@@ -37,9 +41,12 @@ class SystemClock:
     def wall(self) -> datetime:
         return datetime.now(UTC)
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, interrupt: threading.Event | None = None) -> bool:
+        if interrupt is not None:
+            return interrupt.wait(max(0.0, seconds)) if seconds > 0 else interrupt.is_set()
         if seconds > 0:
             time.sleep(seconds)
+        return False
 
 
 class FakeClock:
@@ -56,8 +63,11 @@ class FakeClock:
     def wall(self) -> datetime:
         return datetime(2026, 1, 1, tzinfo=UTC)
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, interrupt: threading.Event | None = None) -> bool:
+        if interrupt is not None and interrupt.is_set():
+            return True
         self.advance(seconds)
+        return interrupt is not None and interrupt.is_set()
 
     def advance(self, seconds: float) -> None:
         with self._lock:

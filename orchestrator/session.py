@@ -202,7 +202,12 @@ class Session:
         self._poller: threading.Thread | None = None
         self._ready_poll_s = ready_poll_s
         self._domain: Domain | None = None
+        # _lock serializes actions (held for a whole action); _state_lock guards state
+        # transitions only, so that close() never waits for a running action: it sets
+        # _closing, which cuts the action's pauses short.
         self._lock = threading.RLock()
+        self._state_lock = threading.Lock()
+        self._closing = threading.Event()
         self._state: SessionState = "new"
         self._cursor = (spec.display.width_px // 2, spec.display.height_px // 2)
         self._keys_down: set[str] = set()
@@ -254,7 +259,7 @@ class Session:
             HypervisorError: the domain could not start or died while booting.
             SessionClosed: the session was closed while starting.
         """
-        with self._lock:
+        with self._state_lock:
             if self._state != "new":
                 raise SessionClosed(f"session {self.id} was already started")
             self._state = "starting"
@@ -288,7 +293,7 @@ class Session:
         self.ready_ns = self._clock.monotonic_ns()
         self.last_action_ns = self.ready_ns
         self.boot_s = (self.ready_ns - t0) / 1e9
-        with self._lock:
+        with self._state_lock:
             if self._state != "starting":
                 raise SessionClosed(f"session {self.id} was closed while starting")
             self._state = "ready"
@@ -414,13 +419,14 @@ class Session:
         Raises:
             HypervisorError: a teardown step failed (all steps were still attempted).
         """
-        with self._lock:
+        with self._state_lock:
             if self._state in ("closing", "closed"):
                 return
             if self._state == "failed":
                 return
             was = self._state
             self._state = "closing"
+            self._closing.set()
         if was == "new":
             self._state = "closed"
             self._recorder.close(status="closed")
@@ -429,6 +435,7 @@ class Session:
 
     def _teardown(self, *, reason: str) -> None:
         # Called without the action lock held so that a close interrupts a long action.
+        self._closing.set()
         self.closed_reason = reason
         errors: list[str] = []
         if self._frames is not None:
@@ -582,6 +589,14 @@ class Session:
                 result = self._run(action, steps, source)
             except DeskvmError as exc:
                 self._release_everything()
+                if self._closing.is_set():
+                    # Torn down under the action: whatever failed, the answer is that the
+                    # session ended (the recording may already be closed).
+                    with contextlib.suppress(DeskvmError):
+                        self._recorder.append(
+                            "error", {"code": "session_closed", "message": exc.message}
+                        )
+                    raise SessionClosed(f"session {self.id} ended during the action") from exc
                 self._recorder.append("error", {"code": exc.code, "message": exc.message})
                 raise
             except BaseException:
@@ -594,11 +609,14 @@ class Session:
         assert self._domain is not None
         display = self.spec.display
         for step in steps:
+            if self._closing.is_set():
+                raise SessionClosed(f"session {self.id} ended during the action")
             self._domain.display.send(
                 step.events, width_px=display.width_px, height_px=display.height_px
             )
             self._track(step.events)
-            self._clock.sleep(step.pause_s)
+            if self._clock.sleep(step.pause_s, self._closing):
+                raise SessionClosed(f"session {self.id} ended during the action")
         match action:
             case Screenshot():
                 return self._capture(source)
@@ -607,7 +625,8 @@ class Session:
             case CursorPosition():
                 return CursorResult(*self._cursor)
             case Wait(ms=ms):
-                self._clock.sleep(ms / 1000)
+                if self._clock.sleep(ms / 1000, self._closing):
+                    raise SessionClosed(f"session {self.id} ended during the wait")
                 return Done()
             case _:
                 return Done()

@@ -202,3 +202,40 @@ def test_desktop_drawn_frame_check() -> None:
     desktop.paste((255, 255, 255), (10, 10, 300, 200))
     assert desktop_drawn(desktop, width_px=640, height_px=480, background_rgb=bg)[0] is True
     assert desktop_drawn(desktop, width_px=800, height_px=600, background_rgb=bg)[0] is False
+
+
+def test_close_cuts_a_running_wait_short() -> None:
+    import threading
+    import time
+
+    from orchestrator.clock import SystemClock
+
+    hv = FakeHypervisor()
+    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
+    session = Session(
+        spec,
+        hypervisor=hv,
+        recorder=MemoryRecorder(SystemClock()),
+        clock=SystemClock(),
+        pacing=Pacing(0, 0, 0, 0, 0),
+        ready_poll_s=0.01,
+    )
+    session.start()
+    outcome: list[BaseException | None] = []
+
+    def agent() -> None:
+        try:
+            act(session, action="wait", ms=60_000)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    session.close(reason="deleted")
+    thread.join(timeout=10)
+    assert time.monotonic() - t0 < 5, "close waited for the running action"
+    assert session.state == "closed" and hv.domains == {}
+    assert len(outcome) == 1 and isinstance(outcome[0], SessionClosed)
