@@ -93,6 +93,9 @@ def test_hold_key_and_key() -> None:
         ({"action": "key", "keys": "ctrl+warp"}, "unknown_key"),
         ({"action": "wait", "ms": -1}, "invalid_action"),
         ({"action": "scroll", "dy": 1000}, "invalid_action"),
+        ({"action": "click", "x": 3, "y": 2, "buton": "right"}, "unknown_parameter"),
+        ({"action": "screenshot", "extra": 1}, "unknown_parameter"),
+        ({"action": ["click"]}, "unknown_action"),
     ],
 )
 def test_bad_actions_have_codes(body: dict[str, object], code: str) -> None:

@@ -246,24 +246,59 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Action]] = {
 
 DESKVM_ACTIONS: tuple[str, ...] = tuple(sorted(_PARSERS))
 
+_POINTER = frozenset({"x", "y"})
+# The parameters each action takes: anything else is refused, so that a misspelt
+# parameter ("buton") is an error instead of a silent default (a left click).
+_PARAMETERS: dict[str, frozenset[str]] = {
+    "screenshot": frozenset(),
+    "zoom": frozenset({"region"}),
+    "move": _POINTER | {"hold"},
+    "click": _POINTER | {"button", "count", "hold"},
+    "double_click": _POINTER | {"button", "hold"},
+    "triple_click": _POINTER | {"button", "hold"},
+    "mouse_down": _POINTER | {"button"},
+    "mouse_up": _POINTER | {"button"},
+    "drag": frozenset({"path", "button", "hold"}),
+    "scroll": _POINTER | {"dx", "dy", "hold"},
+    "type": frozenset({"text", "secret"}),
+    "key": frozenset({"keys"}),
+    "hold_key": frozenset({"keys", "duration_ms"}),
+    "wait": frozenset({"ms"}),
+    "cursor_position": frozenset(),
+}
+
 
 def parse_deskvm_action(body: Mapping[str, Any]) -> Action:
     """Parse the body of a ``schema=deskvm`` request into an :class:`Action`.
 
     Raises:
         ProtocolError: code ``unknown_action`` (message lists the supported actions),
+            ``unknown_parameter`` (a parameter the action does not take, named),
             ``missing_parameter`` or ``invalid_action``.
     """
     name = body.get("action")
-    if not isinstance(name, str):
+    if name is None:
         raise ProtocolError(
             "missing 'action'; supported: " + ", ".join(DESKVM_ACTIONS), code="unknown_action"
+        )
+    if not isinstance(name, str):
+        raise ProtocolError(
+            f"'action' must be a string, got {type(name).__name__}; supported: "
+            + ", ".join(DESKVM_ACTIONS),
+            code="unknown_action",
         )
     parser = _PARSERS.get(name)
     if parser is None:
         raise ProtocolError(
             f"unknown action {name!r}; supported: " + ", ".join(DESKVM_ACTIONS),
             code="unknown_action",
+        )
+    unknown = sorted(set(body) - _PARAMETERS[name] - {"action"})
+    if unknown:
+        allowed = ", ".join(sorted(_PARAMETERS[name])) or "none"
+        raise ActionError(
+            f"{name} does not take {', '.join(map(repr, unknown))}; its parameters: {allowed}",
+            code="unknown_parameter",
         )
     return parser(body)
 
