@@ -389,10 +389,14 @@ def demo(
                 # The xterm sits in the top-left quarter of the screen: click into it.
                 session.click(width // 6, height // 6)
                 marker = secrets.token_hex(4)
-                command = f"echo 'hello from deskvm {marker}'; uname -sr; ls / | head -5"
+                # One command line: text typed while a command still runs would show up
+                # interleaved with its output in the screenshot.
+                command = (
+                    f"echo 'hello from deskvm {marker}'; uname -sr; ls / | head -5; "
+                    f"echo demo-{marker} > /dev/ttyS1"
+                )
                 console.print(f"typing: [bold]{command}[/]")
                 session.type(command + "\n")
-                session.type(f"echo demo-{marker} > /dev/ttyS1\n")
                 deadline = time.monotonic() + 30
                 while f"demo-{marker}" not in session.guest_log() and time.monotonic() < deadline:
                     time.sleep(0.3)
