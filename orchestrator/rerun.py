@@ -55,6 +55,8 @@ def replayable_action(action: dict[str, Any]) -> dict[str, Any] | None:
         body["keys"] = " ".join(body.pop("combos"))
     if name == "hold_key" and "combo" in body:
         body["keys"] = body.pop("combo")
+    if name == "zoom" and "x0" in body:
+        body["region"] = [body.pop(k) for k in ("x0", "y0", "x1", "y1")]
     return body
 
 

@@ -83,3 +83,31 @@ def test_replayable_action() -> None:
         "x": 1,
         "y": 2,
     }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"action": "screenshot"},
+        {"action": "zoom", "region": [0, 0, 10, 20]},
+        {"action": "move", "x": 1, "y": 2},
+        {"action": "move", "x": 1, "y": 2, "hold": "shift"},
+        {"action": "click", "x": 0, "y": 0, "button": "right", "count": 2, "hold": "ctrl"},
+        {"action": "mouse_down", "button": "middle", "x": 3, "y": 4},
+        {"action": "mouse_up", "button": "left"},
+        {"action": "drag", "path": [[0, 0], [5, 5]], "button": "left"},
+        {"action": "scroll", "x": 1, "y": 1, "dx": -3, "dy": 5},
+        {"action": "type", "text": "hi\tthere\n"},
+        {"action": "key", "keys": "ctrl+a ctrl+c"},
+        {"action": "hold_key", "keys": "shift+a", "duration_ms": 300},
+        {"action": "wait", "ms": 10},
+        {"action": "cursor_position"},
+    ],
+)
+def test_every_recorded_action_replays_as_itself(body: dict[str, object]) -> None:
+    from agent_bridge.protocol import action_to_dict
+
+    action = parse_deskvm_action(body)
+    again = replayable_action(action_to_dict(action))
+    assert again is not None
+    assert parse_deskvm_action(again) == action
