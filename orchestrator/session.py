@@ -361,7 +361,10 @@ class Session:
             return new
 
     def network_decisions(self) -> list[NetworkDecision]:
-        """Every egress decision recorded so far, in recording order (kept after close).
+        """Every egress decision recorded so far, in time order (kept after close).
+
+        Decisions come from two logs (packet log, resolver log) drained in batches, so the
+        recording's order can differ from their timestamps' by a little; this list is sorted.
 
         Live sessions are drained first. Empty for sessions without an egress policy.
 
@@ -371,7 +374,7 @@ class Session:
         if self._state in ("starting", "ready"):
             self.drain_network()
         with self._drain_lock:
-            return list(self._decisions)
+            return sorted(self._decisions, key=lambda d: d.ts_ns)
 
     def _wait_ready(self, t0_ns: int) -> None:
         assert self._domain is not None
