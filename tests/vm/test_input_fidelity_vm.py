@@ -15,7 +15,6 @@ output of this module is the fidelity matrix.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from agent_bridge.client import Client, RemoteError, Session
+from agent_bridge.input_check import ProbeReader, find_key, has_text, presses, releases
 from agent_bridge.protocol.vocab import OpenAIVocabulary
 
 W, H = 1280, 800
@@ -36,55 +36,28 @@ STUCK_NAMES = {"shift", "caps_lock", "control", "alt", "mod3", "super", "mod5",
 Event = dict[str, Any]
 
 
-class Probe:
-    """The shared probe session: act, then read what the guest's probe reported."""
+class Probe(ProbeReader):
+    """The shared probe session: act, then read what the guest's probe reported.
+
+    Reading the probe is :class:`agent_bridge.input_check.ProbeReader` (the same reader
+    ``deskvm doctor --input`` uses); this adds the vendor connections and the stuck-key check.
+    """
 
     def __init__(self, client: Client, session: Session) -> None:
+        super().__init__(session)
         self.client = client
-        self.session = session
         self.vocab_sessions: dict[str, Session] = {"deskvm": session}
         self.num_lock: bool | None = None
-
-    def log(self) -> str:
-        return self.session.guest_log()
-
-    def mark(self) -> int:
-        return len(self.log())
-
-    def events(self, since: int) -> list[Event]:
-        out = []
-        for line in self.log()[since:].splitlines():
-            line = line.strip()
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-        return out
 
     def wait(
         self, since: int, done: Callable[[list[Event]], bool], timeout_s: float = EVENT_TIMEOUT_S
     ) -> list[Event]:
-        """Events after ``since`` once ``done(events)`` holds (or at the timeout)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            events = self.events(since)
-            if done(events) or time.monotonic() > deadline:
-                return events
-            time.sleep(0.2)
+        return super().wait(since, done, timeout_s)
 
-    def text_value(self) -> str:
-        values = [e["value"] for e in self.events(0) if e["ev"] == "text"]
-        return values[-1] if values else ""
-
-    def clear_text(self) -> None:
-        """Empty the probe's text field (Tk Text: ctrl+/ selects all, Delete deletes it)."""
-        if self.text_value() == "":
-            return
-        since = self.mark()
-        self.session.key("ctrl+slash Delete")
-        events = self.wait(since, lambda ev: _has_text(ev, ""))
-        assert _has_text(events, ""), events[-5:]
+    def clear_text(self, timeout_s: float = EVENT_TIMEOUT_S) -> bool:
+        """Empty the probe's text field; fails the test if it does not empty."""
+        assert super().clear_text(timeout_s), self.events(0)[-5:]
+        return True
 
     def vocab(self, name: str) -> Session:
         if name not in self.vocab_sessions:
@@ -106,23 +79,10 @@ class Probe:
         assert num_lock == self.num_lock, f"{label}: num_lock toggled to {num_lock}"
 
 
-def _has_text(events: list[Event], value: str) -> bool:
-    return any(e["ev"] == "text" and e["value"] == value for e in events)
-
-
-def _key(events: list[Event], keysym: str, action: str) -> Event | None:
-    for e in events:
-        if e["ev"] == "key" and e["keysym"] == keysym and e["action"] == action:
-            return e
-    return None
-
-
-def _presses(events: list[Event]) -> list[Event]:
-    return [e for e in events if e["ev"] == "button" and e["action"] == "press"]
-
-
-def _releases(events: list[Event]) -> list[Event]:
-    return [e for e in events if e["ev"] == "button" and e["action"] == "release"]
+_has_text = has_text
+_key = find_key
+_presses = presses
+_releases = releases
 
 
 @pytest.fixture(scope="module")
