@@ -22,11 +22,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent_bridge.client import Session
+from agent_bridge.client import RemoteError, Session
 
-__all__ = ["CheckRow", "ProbeReader", "TypingRun", "measure_typing", "run_input_check"]
+__all__ = [
+    "ASCII_ALPHABET",
+    "NON_US_ALPHABET",
+    "NON_US_TEXT",
+    "CheckRow",
+    "ProbeReader",
+    "TypingRun",
+    "measure_typing",
+    "run_input_check",
+]
 
 Event = dict[str, Any]
+
+NON_US_TEXT = "Ñandú 美国降息新闻"
+"""Text with no key on the US layout: typed by the image's guest helper, if it has one."""
+ASCII_ALPHABET = string.ascii_letters + string.digits + string.punctuation + " "
+"""Printable ASCII: every character has a key on the US layout (typed through QEMU)."""
+NON_US_ALPHABET = "ÑñáéíóúüçßàèøåæœЖжΩλ美国降息新闻日本語한국어" + string.ascii_letters
+"""Accented, Cyrillic, Greek and CJK characters mixed with ASCII (all typed by the helper)."""
 
 STUCK_MODIFIERS = frozenset(
     {"shift", "caps_lock", "control", "alt", "mod3", "super", "mod5",
@@ -127,9 +143,10 @@ def releases(events: list[Event]) -> list[Event]:
 def run_input_check(session: Session, width_px: int, height_px: int) -> list[CheckRow]:
     """Run the short fidelity check on a probe session.
 
-    Cases: typing (symbols, Return, Tab), a key combo with its modifier state, clicks at the
-    corners and the centre, a double click's click count, vertical wheel notches, and no
-    modifier or button left down after all of it.
+    Cases: typing (symbols, Return, Tab; text with no US key, through the guest helper), a
+    key combo with its modifier state, clicks at the corners and the centre, a double
+    click's click count, vertical and horizontal wheel notches, and no modifier or button
+    left down after all of it.
 
     Args:
         session: started with ``autostart="input-probe"``.
@@ -147,10 +164,14 @@ def run_input_check(session: Session, width_px: int, height_px: int) -> list[Che
     def row(case: str, ok: bool, detail: str) -> None:
         rows.append(CheckRow(case, ok, detail))
 
-    for text in ("Hello_World-42 (a>b) & {x|y} ~!@#$%^*", "tab\there\nnext line"):
+    for text in ("Hello_World-42 (a>b) & {x|y} ~!@#$%^*", "tab\there\nnext line", NON_US_TEXT):
         probe.clear_text()
         since = probe.mark()
-        session.type(text)
+        try:
+            session.type(text)
+        except RemoteError as exc:  # e.g. untypeable_text: the image has no guest helper
+            row(f"type {text!r}", False, f"{exc.code}: {exc}")
+            continue
         events = probe.wait(since, _text_is(text))
         got = [e["value"] for e in events if e.get("ev") == "text"]
         last = got[-1] if got else ""
@@ -179,13 +200,18 @@ def run_input_check(session: Session, width_px: int, height_px: int) -> list[Che
     counts = [p["count"] for p in presses(events)]
     row("double_click", counts == [1, 2], f"click counts {counts}")
 
-    for dy in (3, -3):
+    for dx, dy in ((0, 3), (0, -3), (3, 0), (-3, 0)):
+        name = f"scroll dx={dx}" if dx else f"scroll dy={dy}"
         since = probe.mark()
-        session.scroll(cx + 200, cy + 200, dy=dy)
-        events = probe.wait(since, _wheels_at_least(abs(dy)), timeout_s=8.0)
+        try:
+            session.scroll(cx + 200, cy + 200, dx=dx, dy=dy)
+        except RemoteError as exc:  # unsupported_input: no QEMU wheel and no guest helper
+            row(name, False, f"{exc.code}: {exc}")
+            continue
+        events = probe.wait(since, _wheels_at_least(abs(dx) + abs(dy)), timeout_s=8.0)
         notches = [e["direction"] for e in events if e.get("ev") == "wheel"]
-        want = ["down" if dy > 0 else "up"] * abs(dy)
-        row(f"scroll dy={dy}", notches == want, f"notches {notches}")
+        want = [("right" if dx > 0 else "left") if dx else ("down" if dy > 0 else "up")]
+        row(name, notches == want * (abs(dx) + abs(dy)), f"notches {notches}")
 
     since = probe.mark()
     session.key("Escape")
@@ -204,23 +230,43 @@ def _wheels_at_least(count: int) -> Callable[[list[Event]], bool]:
     return lambda events: sum(e.get("ev") == "wheel" for e in events) >= count
 
 
-def measure_typing(session: Session, chars: int, timeout_s: float = 300.0) -> TypingRun:
-    """Type ``chars`` printable ASCII characters into the probe's field and time it.
+def measure_typing(
+    session: Session, chars: int, timeout_s: float = 300.0, *, alphabet: str = ASCII_ALPHABET
+) -> TypingRun:
+    """Type ``chars`` characters of ``alphabet`` into the probe's field and time it.
+
+    Args:
+        session: a probe session.
+        chars: how many characters.
+        timeout_s: how long to wait for the probe to show the whole text.
+        alphabet: characters cycled through; :data:`ASCII_ALPHABET` goes through QEMU's
+            keyboard, :data:`NON_US_ALPHABET` through the guest helper.
 
     Returns:
         The timings and whether the field then held exactly the text (nothing dropped,
         doubled or reordered).
     """
     probe = ProbeReader(session)
-    probe.clear_text()
-    alphabet = string.ascii_letters + string.digits + string.punctuation + " "
+    if not probe.clear_text():
+        return TypingRun(chars, 0.0, 0.0, False, f"field not cleared: {probe.text_value()[:40]!r}")
     text = (alphabet * (chars // len(alphabet) + 1))[:chars]
     since = probe.mark()
     t0 = time.monotonic()
     session.type(text)
     sent_s = time.monotonic() - t0
     events = probe.wait(since, lambda ev: has_text(ev, text), timeout_s)
-    return TypingRun(chars, sent_s, time.monotonic() - t0, has_text(events, text))
+    seen_s = time.monotonic() - t0
+    if has_text(events, text):
+        return TypingRun(chars, sent_s, seen_s, True)
+    values = [e["value"] for e in events if e.get("ev") == "text"]
+    got = str(values[-1]) if values else ""
+    at = next((i for i, (a, b) in enumerate(zip(got, text, strict=False)) if a != b), None)
+    at = min(len(got), len(text)) if at is None else at
+    detail = (
+        f"field has {len(got)} chars; first difference at {at}: "
+        f"got {got[at:at + 12]!r}, want {text[at:at + 12]!r}"
+    )
+    return TypingRun(chars, sent_s, seen_s, False, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,14 +279,16 @@ class TypingRun:
         seen_s: seconds until the probe reported the whole text on the guest log (adds
             the guest's own work: the probe echoes its whole field on every change).
         exact: the field held exactly the text typed.
+        detail: when not exact, how the field differed ("" when exact).
     """
 
     chars: int
     sent_s: float
     seen_s: float
     exact: bool
+    detail: str = ""
 
     @property
     def chars_per_s(self) -> float:
         """Injection rate: characters per second of the ``type`` request."""
-        return self.chars / self.sent_s
+        return self.chars / self.sent_s if self.sent_s > 0 else 0.0

@@ -167,6 +167,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "boot_timeout": 504,
     "hypervisor_error": 502,
     "display_error": 502,
+    "guest_helper_error": 502,
     "egress_error": 502,
     "recorder_error": 500,
     "internal_error": 500,

@@ -8,12 +8,16 @@ dropped, doubled or reordered). Prints, per round and overall: characters, secon
 inject them (the ``type`` request, paced), characters per second, seconds until the probe
 reported the whole text, exact or not.
 
+``--non-us`` types accented, Cyrillic, Greek, CJK and ASCII characters mixed
+(``input_check.NON_US_ALPHABET``): every such text goes whole through the in-guest helper
+(XTEST over virtio-serial), so this measures that path instead of QEMU's keyboard.
+
 ``--key-ms`` sets ``Pacing.key_s`` (the pause after each key press or release) for this
 run, to compare pacings; the default is the shipped pacing. The bridge's typed-characters
 rate limit is raised for the run so it measures the input path, not the limiter.
 
 Run as root on a host set up by `deskvm doctor --fix` with the default image built:
-    python3 bench/input_typing.py [--chars 400] [--rounds 3] [--key-ms 12]
+    python3 bench/input_typing.py [--chars 400] [--rounds 3] [--key-ms 12] [--non-us]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import secrets
 import time
 
 from agent_bridge.client import Client
-from agent_bridge.input_check import measure_typing
+from agent_bridge.input_check import ASCII_ALPHABET, NON_US_ALPHABET, measure_typing
 from agent_bridge.runtime import BackgroundServer, resolve_accel
 from agent_bridge.server import create_app
 from orchestrator.hypervisor.libvirt import LibvirtHypervisor
@@ -43,7 +47,11 @@ def main() -> None:
     parser.add_argument(
         "--key-ms", type=float, default=None, help="pause after each key transition, ms"
     )
+    parser.add_argument(
+        "--non-us", action="store_true", help="type non-US text (through the guest helper)"
+    )
     args = parser.parse_args()
+    alphabet = NON_US_ALPHABET if args.non_us else ASCII_ALPHABET
 
     settings = dataclasses.replace(Settings.from_env(), max_typed_chars_per_s=100_000.0)
     pacing = Pacing() if args.key_ms is None else Pacing(key_s=args.key_ms / 1000)
@@ -60,6 +68,7 @@ def main() -> None:
     manager.reap()
     token = secrets.token_urlsafe(24)
     print(f"pacing: key {pacing.key_s * 1000:.1f} ms per key transition")
+    print("text: " + ("non-US, through the guest helper" if args.non_us else "ASCII, via QEMU"))
     with (
         BackgroundServer(create_app(manager, token=token, settings=settings)) as server,
         Client(server.url, token) as client,
@@ -70,7 +79,7 @@ def main() -> None:
             print(f"probe session {session.id} ready in {time.monotonic() - t0:.1f} s")
             rates, exact_all = [], True
             for i in range(args.rounds):
-                run = measure_typing(session, args.chars)
+                run = measure_typing(session, args.chars, alphabet=alphabet)
                 rates.append(run.chars_per_s)
                 exact_all &= run.exact
                 print(
@@ -78,11 +87,13 @@ def main() -> None:
                     f"({run.chars_per_s:.1f} chars/s), whole text reported by the probe "
                     f"after {run.seen_s:.2f} s, {'exact' if run.exact else 'LOSS or reordering'}"
                 )
+                if not run.exact:
+                    print(f"  {run.detail}")
     verdict = "zero loss" if exact_all else "NOT exact"
     print(
         f"typing throughput: {min(rates):.1f}..{max(rates):.1f} chars/s "
         f"(median {sorted(rates)[len(rates) // 2]:.1f}), {verdict}, "
-        f"{args.rounds} x {args.chars} printable ASCII chars, "
+        f"{args.rounds} x {args.chars} {'non-US' if args.non_us else 'printable ASCII'} chars, "
         f"key pause {pacing.key_s * 1000:.1f} ms"
     )
 

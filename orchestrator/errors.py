@@ -15,6 +15,7 @@ kept as ``__cause__``::
     ├── HypervisorError          libvirt refused or failed (define, start, destroy)
     │   └── BootTimeout          the desktop was not drawn before the deadline
     ├── DisplayError             screendump or input injection failed
+    │   └── GuestHelperError     the in-guest helper failed or timed out
     ├── EgressError              bridge / nftables / resolver set-up or teardown failed
     ├── RecorderError            the recording could not be written
     ├── SessionNotFound          no such session id
@@ -35,6 +36,7 @@ __all__ = [
     "DeskvmError",
     "DisplayError",
     "EgressError",
+    "GuestHelperError",
     "HostSetupError",
     "HypervisorError",
     "ImageBuildError",
@@ -113,6 +115,12 @@ class BootTimeout(HypervisorError):
 
 class DisplayError(DeskvmError):
     code = "display_error"
+
+
+class GuestHelperError(DisplayError):
+    """The in-guest helper failed or did not answer a request in time (the action stopped)."""
+
+    code = "guest_helper_error"
 
 
 class EgressError(DeskvmError):

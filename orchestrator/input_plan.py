@@ -3,11 +3,18 @@
 Events sent back to back with no pacing lose keystrokes under TCG (measured: see
 ARCHITECTURE.md), so every key and button transition is its own batch followed by a
 pause. Every plan releases whatever it pressed, so no modifier stays latched.
+
+Two inputs have no QEMU path and become :class:`HelperStep` requests to the in-guest helper
+(:mod:`orchestrator.display.guest_helper`): text with a character that has no key on the US
+layout (the whole text goes to the helper, so its characters stay in order), and the
+horizontal wheel when the display has none (QEMU before 8.1).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
 
 from agent_bridge.protocol.actions import (
     Action,
@@ -24,8 +31,15 @@ from agent_bridge.protocol.actions import (
 )
 from agent_bridge.protocol.keys import KeyCombo, text_to_combos
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent, WheelEvent
+from orchestrator.errors import ActionError
 
-__all__ = ["Pacing", "Step", "plan_action", "release_all"]
+__all__ = ["HelperStep", "Pacing", "PlanStep", "Step", "helper_mods", "plan_action", "release_all"]
+
+# X11 core state bits of the modifiers a plan can hold (Shift, Control, Mod1, Mod4).
+_X11_MOD_BITS = {
+    "shift": 0x01, "shift_r": 0x01, "ctrl": 0x04, "ctrl_r": 0x04,
+    "alt": 0x08, "alt_r": 0x08, "meta_l": 0x40, "meta_r": 0x40,
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +76,41 @@ class Step:
     pause_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class HelperStep:
+    """One request to the in-guest helper, then a pause of ``pause_s`` seconds.
+
+    Attributes:
+        op: ``"type"`` (args: ``text``) or ``"wheel"`` (args: ``direction``, ``count``,
+            ``x``, ``y`` display pixels where the pointer must be, ``mods`` X11 state bits
+            that must be held).
+        args: the request's members (see ``deskvm-helper``'s protocol).
+        pause_s: pause after the reply.
+    """
+
+    op: Literal["type", "wheel"]
+    args: dict[str, Any] = field(default_factory=dict)
+    pause_s: float = 0.0
+
+    @property
+    def events(self) -> tuple[InputEvent, ...]:
+        """No QEMU events: the helper injects in the guest."""
+        return ()
+
+
+PlanStep: TypeAlias = Step | HelperStep
+
+
+def helper_mods(hold: KeyCombo | None) -> int:
+    """X11 state bits (Shift 0x1, Control 0x4, Mod1 0x8, Mod4 0x40) of held modifier qcodes."""
+    if hold is None:
+        return 0
+    bits = 0
+    for qcode in hold.qcodes:
+        bits |= _X11_MOD_BITS.get(qcode, 0)
+    return bits
+
+
 def _press(combo: KeyCombo, pacing: Pacing) -> list[Step]:
     return [Step((KeyEvent(q, True),), pacing.key_s) for q in combo.qcodes]
 
@@ -84,23 +133,60 @@ def _button(button: Button, down: bool, pacing: Pacing, pause_s: float | None = 
     return Step((ButtonEvent(button.value, down),), pacing.button_s if pause_s is None else pause_s)
 
 
-def _wheel(dx: int, dy: int, pacing: Pacing) -> list[Step]:
-    steps: list[Step] = []
+def _wheel(
+    dx: int,
+    dy: int,
+    pacing: Pacing,
+    *,
+    horizontal_wheel: bool,
+    at: tuple[int, int],
+    hold: KeyCombo | None,
+) -> list[PlanStep]:
+    steps: list[PlanStep] = []
     for amount, neg, pos in ((dy, "up", "down"), (dx, "left", "right")):
+        if not amount:
+            continue
         direction = pos if amount > 0 else neg
+        if pos == "right" and not horizontal_wheel:
+            args = {"direction": direction, "count": abs(amount), "x": at[0], "y": at[1],
+                    "mods": helper_mods(hold)}  # fmt: skip
+            steps.append(HelperStep("wheel", args, pacing.wheel_s))
+            continue
         steps += [Step((WheelEvent(direction),), pacing.wheel_s) for _ in range(abs(amount))]  # type: ignore[arg-type]
     return steps
 
 
-def plan_action(action: Action, pacing: Pacing) -> list[Step]:
+def plan_action(
+    action: Action,
+    pacing: Pacing,
+    *,
+    horizontal_wheel: bool = True,
+    cursor: tuple[int, int] = (0, 0),
+) -> list[PlanStep]:
     """The paced input steps that carry out ``action`` (empty for non-input actions).
 
     Coordinates must already be checked against the screen
     (:func:`agent_bridge.protocol.check_bounds`).
 
-    Raises:
-        ActionError: text with a character that has no key on the US layout.
+    Args:
+        action: what to do.
+        pacing: pauses between steps.
+        horizontal_wheel: whether the display carries horizontal wheel events; when not,
+            horizontal scrolling is a :class:`HelperStep`.
+        cursor: where the pointer is before the action (display pixels), for scrolls
+            without coordinates done by the helper.
+
+    Returns:
+        :class:`Step` batches for QEMU and :class:`HelperStep` requests, in order. Text
+        with a character that has no US key is one ``HelperStep("type")`` for the whole
+        text; the caller decides whether a helper is there to take it.
     """
+    return list(_plan(action, pacing, horizontal_wheel, cursor))
+
+
+def _plan(
+    action: Action, pacing: Pacing, horizontal_wheel: bool, cursor: tuple[int, int]
+) -> Sequence[PlanStep]:
     match action:
         case Move(x=x, y=y, hold=hold):
             if hold is None:
@@ -135,16 +221,21 @@ def plan_action(action: Action, pacing: Pacing) -> list[Step]:
                 steps += _release(hold, pacing)
             return steps
         case Scroll(x=x, y=y, dx=dx, dy=dy, hold=hold):
-            steps = _move(x, y, pacing)
+            at = (x, y) if x is not None and y is not None else cursor
+            plan: list[PlanStep] = [*_move(x, y, pacing)]
             if hold is not None:
-                steps += _press(hold, pacing)
-            steps += _wheel(dx, dy, pacing)
+                plan += _press(hold, pacing)
+            plan += _wheel(dx, dy, pacing, horizontal_wheel=horizontal_wheel, at=at, hold=hold)
             if hold is not None:
-                steps += _release(hold, pacing)
-            return steps
+                plan += _release(hold, pacing)
+            return plan
         case Type(text=text):
+            try:
+                combos = text_to_combos(text)
+            except ActionError:
+                return [HelperStep("type", {"text": text}, pacing.key_s)]
             steps = []
-            for combo in text_to_combos(text):
+            for combo in combos:
                 steps += _tap(combo, pacing)
             return steps
         case Key(combos=combos):

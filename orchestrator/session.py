@@ -31,12 +31,14 @@ from agent_bridge.protocol.actions import (
     Action,
     CursorPosition,
     Screenshot,
+    Scroll,
     Type,
     Wait,
     Zoom,
     action_name,
     action_to_dict,
 )
+from agent_bridge.protocol.keys import text_to_combos
 from agent_bridge.protocol.messages import check_bounds
 from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result
 from orchestrator.capture import FrameCapture
@@ -44,6 +46,7 @@ from orchestrator.clock import Clock, SystemClock
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
 from orchestrator.egress.base import Egress, EgressAttachment, NetworkDecision
 from orchestrator.errors import (
+    ActionError,
     BootTimeout,
     ConfigError,
     DeskvmError,
@@ -52,7 +55,7 @@ from orchestrator.errors import (
     SessionClosed,
 )
 from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
-from orchestrator.input_plan import Pacing, plan_action, release_all
+from orchestrator.input_plan import HelperStep, Pacing, PlanStep, plan_action, release_all
 from orchestrator.recorder import Recorder, Source
 from orchestrator.spec import SessionSpec
 
@@ -70,6 +73,12 @@ __all__ = [
 READY_MARKER = b"DESKVM_READY"
 PROBE_READY_MARKER = b'"ev":"probe_ready"'
 """The input probe's readiness line on the guest log (mapped, full-screen, text focused)."""
+
+HELPER_ANNOUNCE_WAIT_S = 5.0
+"""How long an action that needs the guest helper waits for it to announce itself, s."""
+HELPER_BASE_TIMEOUT_S = 10.0
+HELPER_PER_EVENT_TIMEOUT_S = 0.05
+"""A helper request's deadline: base + per character or wheel notch, seconds."""
 
 SessionState = Literal["new", "starting", "ready", "closing", "closed", "failed"]
 
@@ -566,7 +575,7 @@ class Session:
                 record["raw"] = _scrub(raw, secret) if secret else dict(raw)
             try:
                 check_bounds(action, display.width_px, display.height_px)
-                steps = plan_action(action, self._pacing)
+                steps = self._plan(action)
             except DeskvmError as exc:
                 self._recorder.append("input", record, source=source)
                 self._recorder.append("error", {"code": exc.code, "message": exc.message})
@@ -578,16 +587,14 @@ class Session:
                 if self._frames is not None and steps:
                     self._frames.still(reason="input", source=source)
                 if steps and secret:
-                    count = sum(len(s.events) for s in steps)
+                    count = sum(len(s.events) or 1 for s in steps)
                     self._recorder.append(
                         "injected", {"events": None, "count": count, "secret": True},
                         source=source,
                     )  # fmt: skip
                 elif steps:
                     self._recorder.append(
-                        "injected",
-                        {"events": [_describe(e) for s in steps for e in s.events]},
-                        source=source,
+                        "injected", {"events": _describe_steps(steps)}, source=source
                     )
                 result = self._run(action, steps, source)
             except DeskvmError as exc:
@@ -608,16 +615,64 @@ class Session:
             self._recorder.append("result", _result_record(action, result))
             return result
 
-    def _run(self, action: Action, steps: list[Any], source: Source) -> Result:
+    def _plan(self, action: Action) -> list[PlanStep]:
+        """The action's input steps; refuses (before any input) what cannot be carried out.
+
+        Raises:
+            ActionError: ``untypeable_text`` / ``unsupported_input``: the action needs the
+                in-guest helper and it is not available.
+        """
+        assert self._domain is not None
+        hwheel = True
+        if isinstance(action, Scroll) and action.dx:
+            hwheel = self._domain.display.horizontal_wheel()
+        steps = plan_action(action, self._pacing, horizontal_wheel=hwheel, cursor=self._cursor)
+        needs = next((s for s in steps if isinstance(s, HelperStep)), None)
+        if needs is None:
+            return steps
+        helper = self._domain.helper
+        reason: str | None
+        if helper is None:
+            reason = f"the image {self.spec.image.name!r} has no guest helper"
+        else:
+            reason = helper.unavailable_reason(wait_s=HELPER_ANNOUNCE_WAIT_S)
+        if reason is None:
+            return steps
+        if needs.op == "type":
+            try:
+                text_to_combos(needs.args["text"])
+            except ActionError as exc:
+                raise ActionError(
+                    f"{exc.message}; such text is typed by the in-guest helper, which is not "
+                    f"available: {reason}",
+                    code="untypeable_text",
+                ) from None
+        raise ActionError(
+            "horizontal scroll: this host's QEMU has no horizontal wheel (QMP InputButton "
+            "wheel-left/wheel-right, QEMU 8.1 and later) and the in-guest helper that "
+            f"scrolls instead is not available: {reason}",
+            code="unsupported_input",
+        )
+
+    def _helper_request(self, step: HelperStep) -> None:
+        assert self._domain is not None and self._domain.helper is not None
+        size = len(step.args.get("text", "")) + int(step.args.get("count", 0))
+        timeout_s = HELPER_BASE_TIMEOUT_S + HELPER_PER_EVENT_TIMEOUT_S * size
+        self._domain.helper.request(step.op, step.args, timeout_s=timeout_s)
+
+    def _run(self, action: Action, steps: list[PlanStep], source: Source) -> Result:
         assert self._domain is not None
         display = self.spec.display
         for step in steps:
             if self._closing.is_set():
                 raise SessionClosed(f"session {self.id} ended during the action")
-            self._domain.display.send(
-                step.events, width_px=display.width_px, height_px=display.height_px
-            )
-            self._track(step.events)
+            if isinstance(step, HelperStep):
+                self._helper_request(step)
+            else:
+                self._domain.display.send(
+                    step.events, width_px=display.width_px, height_px=display.height_px
+                )
+                self._track(step.events)
             if self._clock.sleep(step.pause_s, self._closing):
                 raise SessionClosed(f"session {self.id} ended during the action")
         match action:
@@ -683,6 +738,20 @@ class Session:
 
     def uptime_s(self) -> float:
         return (time.monotonic_ns() - self.created_ns) / 1e9
+
+
+def _describe_steps(steps: list[PlanStep]) -> list[str]:
+    out: list[str] = []
+    for step in steps:
+        if isinstance(step, HelperStep):
+            a = step.args
+            if step.op == "type":
+                out.append(f"helper type {len(a['text'])} chars")
+            else:
+                out.append(f"helper wheel {a['direction']} x{a['count']} at {a['x']} {a['y']}")
+        else:
+            out += [_describe(e) for e in step.events]
+    return out
 
 
 def _describe(event: InputEvent) -> str:

@@ -99,6 +99,8 @@ class BootImage:
         kernel_cmdline: base kernel command line; the session appends its own parameters
             (``deskvm.display=WxH``).
         background_rgb: the desktop's root-window colour, used by the readiness frame check.
+        helper_port: the virtio-serial port name the image's guest helper serves (text with
+            no key on the US layout, horizontal wheel), or ``None`` for an image without one.
     """
 
     name: str
@@ -108,6 +110,7 @@ class BootImage:
     initrd_path: Path
     kernel_cmdline: str = "root=/dev/vda rw console=ttyS0,115200"
     background_rgb: tuple[int, int, int] = (0x2E, 0x4A, 0x62)
+    helper_port: str | None = None
 
 
 MAX_EGRESS_ENTRIES = 256

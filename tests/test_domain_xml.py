@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
@@ -47,6 +48,23 @@ def test_domain_xml_with_nic_golden() -> None:
     check_golden(
         "domain-nic.xml", render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED, nic=nic)
     )
+
+
+def test_domain_xml_with_guest_helper_channel_golden() -> None:
+    image = dataclasses.replace(IMAGE, helper_port="dev.deskvm.helper.0")
+    spec = dataclasses.replace(SPEC, image=image)
+    xml = render_domain_xml(spec, PATHS, accel="tcg", created=CREATED, owner=OWNER)
+    check_golden("domain-helper.xml", xml)
+    channel = ET.fromstring(xml).find("devices/channel")
+    assert channel is not None and channel.get("type") == "unix"
+    source, target = channel.find("source"), channel.find("target")
+    assert source is not None and source.get("path") == str(PATHS.helper_socket)
+    assert target is not None and target.attrib == {"type": "virtio", "name": "dev.deskvm.helper.0"}
+
+
+def test_no_helper_channel_for_an_image_without_a_helper() -> None:
+    root = ET.fromstring(render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED))
+    assert root.findall("devices/channel") == []
 
 
 def test_no_network_device_no_host_sharing_without_a_policy() -> None:

@@ -62,6 +62,7 @@ def test_recipe_ships_its_files(relative: str) -> None:
         "rootfs/usr/local/lib/deskvm/session",
         "rootfs/usr/local/lib/deskvm/desktop",
         "rootfs/usr/local/bin/deskvm-input-probe",
+        "rootfs/usr/local/bin/deskvm-helper",
         "rootfs/etc/initramfs-tools/hooks/deskvm",
     ],
 )
@@ -157,6 +158,7 @@ def test_find_image_returns_built_image(recipes: Path, tmp_path: Path) -> None:
     assert image.initrd_path == image_dir / "initrd.img"
     assert image.kernel_cmdline == "root=/dev/vda rw quiet"
     assert image.background_rgb == (0x2E, 0x4A, 0x62)
+    assert image.helper_port == "dev.deskvm.helper.0"
 
 
 def test_find_image_not_built_tells_how_to_build(tmp_path: Path) -> None:
@@ -207,6 +209,27 @@ def test_build_image_of_built_image_is_a_noop(recipes: Path, tmp_path: Path) -> 
     )
     assert image == find_image(DEFAULT_IMAGE, images, recipes_dir=recipes)
     assert calls == [("done", 1.0)]
+
+
+def test_default_image_has_a_guest_helper_wired_to_its_port() -> None:
+    recipe = load_recipe(DEFAULT_IMAGE)
+    assert recipe.helper_port == "dev.deskvm.helper.0"
+    root = RECIPES_DIR / DEFAULT_IMAGE / "rootfs"
+    helper = (root / "usr/local/bin/deskvm-helper").read_text()
+    assert f'/dev/virtio-ports/{recipe.helper_port}"' in helper
+    rules = (root / "etc/udev/rules.d/80-deskvm.rules").read_text()
+    assert f'ATTR{{name}}=="{recipe.helper_port}", OWNER="desk"' in rules
+    assert "/usr/local/bin/deskvm-helper &" in (root / "usr/local/lib/deskvm/desktop").read_text()
+
+
+@pytest.mark.parametrize("port", ["../etc/passwd", "Dev.X", "", "a" * 70, 5])
+def test_recipe_refuses_a_bad_helper_port(recipes: Path, port: object) -> None:
+    path = recipes / DEFAULT_IMAGE / "recipe.toml"
+    line = f"helper_port = {port!r}"
+    text = path.read_text().replace('helper_port = "dev.deskvm.helper.0"', line)
+    path.write_text(text.replace("'", '"') if isinstance(port, str) else text)
+    with pytest.raises(ImageBuildError, match="helper_port"):
+        load_recipe(DEFAULT_IMAGE, recipes_dir=recipes)
 
 
 def test_invalid_recipe_raises_build_error(recipes: Path) -> None:

@@ -122,6 +122,8 @@ class Recipe:
         kernel_cmdline: base kernel command line (the host appends ``deskvm.*`` options).
         headroom_mib: free space in MiB left in the root filesystem beyond its content.
         background_rgb: root-window colour the desktop paints, 0..255 per channel.
+        helper_port: name of the virtio-serial port the image's guest helper serves
+            (e.g. ``"dev.deskvm.helper.0"``), or ``None`` when the image has no helper.
     """
 
     name: str
@@ -138,6 +140,18 @@ class Recipe:
     kernel_cmdline: str
     headroom_mib: int
     background_rgb: tuple[int, int, int]
+    helper_port: str | None = None
+
+
+_PORT_RE = re.compile(r"^[a-z][a-z0-9.]{0,62}$")
+
+
+def _port_name(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _PORT_RE.match(value):
+        raise ValueError(f"helper_port must match {_PORT_RE.pattern}, got {value!r}")
+    return value
 
 
 def list_recipes(*, recipes_dir: Path | None = None) -> list[str]:
@@ -193,6 +207,7 @@ def load_recipe(name: str, *, recipes_dir: Path | None = None) -> Recipe:
             kernel_cmdline=" ".join(str(image["kernel_cmdline"]).split()),
             headroom_mib=int(image.get("headroom_mib", 1024)),
             background_rgb=(rgb[0], rgb[1], rgb[2]),
+            helper_port=_port_name(image.get("helper_port")),
         )
     except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
         raise ImageBuildError(
@@ -388,6 +403,7 @@ def _build(
         "description": recipe.description,
         "kernel_cmdline": recipe.kernel_cmdline,
         "background_rgb": list(recipe.background_rgb),
+        "helper_port": recipe.helper_port,
         "kernel_version": kernel.name.removeprefix("vmlinuz-"),
         "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "build_duration_s": round(time.monotonic() - started_s, 1),
@@ -585,6 +601,7 @@ def _complete_image(recipe: Recipe, digest: str, image_dir: Path) -> BootImage |
         initrd_path=image_dir / "initrd.img",
         kernel_cmdline=str(meta.get("kernel_cmdline", recipe.kernel_cmdline)),
         background_rgb=recipe.background_rgb,
+        helper_port=recipe.helper_port,
     )
 
 

@@ -110,6 +110,16 @@ class DisplayBackend(Protocol):
         """
         ...
 
+    def horizontal_wheel(self) -> bool:
+        """Whether :class:`WheelEvent` ``left``/``right`` reach the guest.
+
+        (QEMU's ``InputButton`` has ``wheel-left``/``wheel-right`` since 8.1.)
+
+        Raises:
+            DisplayError: the backend could not be asked.
+        """
+        ...
+
     def send(self, events: Sequence[InputEvent], *, width_px: int, height_px: int) -> None:
         """Inject ``events`` in one batch (the guest sees them in order, back to back).
 

@@ -9,13 +9,15 @@ to its guest log).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from PIL import Image, ImageDraw
 
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent, WheelEvent
+from orchestrator.errors import DisplayError, GuestHelperError
 
-__all__ = ["FakeDisplay"]
+__all__ = ["FakeDisplay", "FakeGuestHelper"]
 
 _PLAIN = {
     "spc": " ", "minus": "-", "equal": "=", "bracket_left": "[", "bracket_right": "]",
@@ -37,6 +39,8 @@ class FakeDisplay:
         width_px, height_px: screen size.
         background_rgb: root window colour (matches the image's readiness check).
         on_line: called with each line "typed" (on Return).
+        horizontal_wheel: whether it takes horizontal wheel events (a QEMU 8.1+ host);
+            when not, the session scrolls sideways through the guest helper.
     """
 
     def __init__(
@@ -46,7 +50,9 @@ class FakeDisplay:
         *,
         background_rgb: tuple[int, int, int] = (0x2E, 0x4A, 0x62),
         on_line: Callable[[str], None] | None = None,
+        horizontal_wheel: bool = True,
     ) -> None:
+        self.has_horizontal_wheel = horizontal_wheel
         self.width_px = width_px
         self.height_px = height_px
         self.background_rgb = background_rgb
@@ -74,6 +80,20 @@ class FakeDisplay:
             draw.rectangle((x, y, min(w - 1, x + 3), min(h - 1, y + 3)), fill=(255, 0, 0))
             return image
 
+    def horizontal_wheel(self) -> bool:
+        return self.has_horizontal_wheel
+
+    def type_text(self, text: str) -> None:
+        """Text as the guest helper types it (XTEST): any character, ``\n`` is Return."""
+        with self._lock:
+            for char in text:
+                if char == "\n":
+                    line, self._line = self._line, ""
+                    if self._on_line is not None:
+                        self._on_line(line)
+                else:
+                    self._line += char
+
     def send(self, events: Sequence[InputEvent], *, width_px: int, height_px: int) -> None:
         with self._lock:
             self.batches += 1
@@ -87,8 +107,9 @@ class FakeDisplay:
                 self.pointer = (x, y)
             case ButtonEvent(button=b, down=down):
                 (self.pressed_buttons.add if down else self.pressed_buttons.discard)(b)
-            case WheelEvent():
-                pass
+            case WheelEvent(direction=direction):
+                if direction in ("left", "right") and not self.has_horizontal_wheel:
+                    raise DisplayError("input-send-event refused: no horizontal wheel")
             case KeyEvent(qcode=q, down=True):
                 self.pressed_keys.add(q)
                 self._type(q)
@@ -122,3 +143,46 @@ class FakeDisplay:
         """The current (unfinished) line."""
         with self._lock:
             return self._line
+
+
+class FakeGuestHelper:
+    """:class:`~orchestrator.display.guest_helper.GuestHelper` acting on a :class:`FakeDisplay`.
+
+    ``type`` requests type into the fake shell line (any character); ``wheel`` requests are
+    kept in :attr:`wheels`. Every request is kept in :attr:`requests`.
+
+    Args:
+        display: the display it acts on.
+        available: ``False`` models a guest whose helper never announced itself.
+    """
+
+    def __init__(self, display: FakeDisplay, *, available: bool = True) -> None:
+        self.display = display
+        self.available = available
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.wheels: list[tuple[str, int, int, int, int]] = []
+        self.fail_next: str | None = None
+
+    def unavailable_reason(self, wait_s: float = 0.0) -> str | None:
+        return None if self.available else "the guest helper has not announced itself"
+
+    def request(self, op: str, args: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        if not self.available:
+            raise GuestHelperError("the guest helper has not announced itself")
+        self.requests.append((op, dict(args)))
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise GuestHelperError(f"the guest helper could not {op}: {error}")
+        if op == "type":
+            self.display.type_text(str(args["text"]))
+            return {"ok": True, "count": len(str(args["text"]))}
+        if op == "wheel":
+            self.wheels.append(
+                (str(args["direction"]), int(args["count"]), int(args["x"]), int(args["y"]),
+                 int(args.get("mods", 0)))
+            )  # fmt: skip
+            return {"ok": True, "count": int(args["count"])}
+        raise GuestHelperError(f"the guest helper could not {op}: unknown op {op!r}")
+
+    def close(self) -> None:
+        self.available = False

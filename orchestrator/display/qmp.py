@@ -28,7 +28,10 @@ from orchestrator.display.base import (
 )
 from orchestrator.errors import DisplayError
 
-__all__ = ["QmpDisplay", "qmp_event"]
+__all__ = ["HORIZONTAL_WHEEL_SINCE", "QmpDisplay", "qmp_event"]
+
+HORIZONTAL_WHEEL_SINCE = (8, 1)
+"""First QEMU (major, minor) whose virtio tablet delivers horizontal wheel events."""
 
 
 def qmp_event(event: InputEvent, *, width_px: int, height_px: int) -> list[dict[str, Any]]:
@@ -68,6 +71,7 @@ class QmpDisplay:
         self._conn = conn
         self._dom = dom
         self._lock = threading.Lock()
+        self._hwheel: bool | None = None
 
     def screendump(self) -> Image.Image:
         chunks: list[bytes] = []
@@ -88,6 +92,32 @@ class QmpDisplay:
             return image.convert("RGB")
         except OSError as exc:
             raise DisplayError(f"screendump returned an unreadable image: {exc}") from exc
+
+    def horizontal_wheel(self) -> bool:
+        """Whether this QEMU delivers ``wheel-left``/``wheel-right`` to the guest (asked once).
+
+        The ``InputButton`` enum has had them since QEMU 7.1 (for QEMU's own UIs), but the
+        virtio tablet passes them on only from QEMU 8.1 (REL_HWHEEL): on this project's
+        QEMU 7.2 ``input-send-event`` accepts them and the guest sees nothing (measured with
+        the input probe). So the answer is the QEMU version, not the schema.
+        """
+        if self._hwheel is None:
+            version = self._command("query-version").get("qemu", {})
+            major, minor = int(version.get("major", 0)), int(version.get("minor", 0))
+            self._hwheel = (major, minor) >= HORIZONTAL_WHEEL_SINCE
+        return self._hwheel
+
+    def _command(self, execute: str) -> Any:
+        command = json.dumps({"execute": execute})
+        with self._lock:
+            try:
+                reply = libvirt_qemu.qemuMonitorCommand(self._dom, command, 0)
+            except libvirt.libvirtError as exc:
+                raise DisplayError(f"{execute} failed: {exc.get_error_message()}") from exc
+        try:
+            return json.loads(reply)["return"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DisplayError(f"{execute} gave an unexpected reply: {reply[:200]}") from exc
 
     def send(self, events: Sequence[InputEvent], *, width_px: int, height_px: int) -> None:
         qmp: list[dict[str, Any]] = []

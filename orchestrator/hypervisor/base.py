@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from orchestrator.display.base import DisplayBackend
+from orchestrator.display.guest_helper import GuestHelper
 from orchestrator.spec import SessionSpec
 
 __all__ = ["Accel", "Domain", "Hypervisor", "NicAttachment", "SessionPaths"]
@@ -28,6 +29,7 @@ class SessionPaths:
         overlay: the qcow2 overlay whose backing file is the image's base.
         console_log: the guest's first serial port (kernel and systemd messages).
         guest_log: the guest's second serial port (``/dev/ttyS1``), written by the desktop.
+        helper_socket: host end of the guest helper's virtio-serial channel (QEMU listens).
     """
 
     root: Path
@@ -47,6 +49,10 @@ class SessionPaths:
     @property
     def guest_log(self) -> Path:
         return self.root / "guest.log"
+
+    @property
+    def helper_socket(self) -> Path:
+        return self.root / "helper.sock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,11 @@ class Domain(Protocol):
 
     @property
     def display(self) -> DisplayBackend: ...
+
+    @property
+    def helper(self) -> GuestHelper | None:
+        """The in-guest helper's channel, or ``None`` when the image has no helper."""
+        ...
 
     def is_running(self) -> bool:
         """Whether the domain is still running (a guest may power itself off)."""

@@ -97,9 +97,11 @@ def render_domain_xml(
 
     The domain has: the overlay as its only disk (virtio), direct kernel boot with
     ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME`` when the spec asks for one)
-    appended to the image's command line, a USB tablet (absolute
-    pointer), a stdvga card whose EDID prefers the requested size, two file-backed serial
-    ports (console, guest log), no graphics server, no balloon, and a network interface
+    appended to the image's command line, a virtio tablet (absolute pointer), a PS/2
+    keyboard, a stdvga card whose EDID prefers the requested size, two file-backed serial
+    ports (console, guest log), a virtio-serial channel named ``spec.image.helper_port``
+    on the unix socket ``paths.helper_socket`` when the image has a guest helper, no
+    graphics server, no balloon, and a network interface
     only when ``nic`` is given (then :data:`NETWORK_CMDLINE` is appended to the kernel
     command line so that a systemd guest starts DHCP and its resolver). Every lifecycle
     event (poweroff, reboot, crash) destroys it.
@@ -188,6 +190,12 @@ def render_domain_xml(
         serial = _sub(devices, "serial", type="file")
         _sub(serial, "source", path=str(path), append="off")
         _sub(serial, "target", port=str(port))
+    if spec.image.helper_port is not None:
+        # The guest helper's port (text with no US key, horizontal wheel): a serial line
+        # between QEMU and the host process, never a network path.
+        channel = _sub(devices, "channel", type="unix")
+        _sub(channel, "source", mode="bind", path=str(paths.helper_socket))
+        _sub(channel, "target", type="virtio", name=spec.image.helper_port)
     if nic is not None:
         iface = _sub(devices, "interface", type="bridge")
         _sub(iface, "source", bridge=nic.bridge)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator.display.fake import FakeDisplay
+from orchestrator.display.fake import FakeDisplay, FakeGuestHelper
 from orchestrator.errors import HypervisorError
 from orchestrator.hypervisor.base import Accel, NicAttachment
 from orchestrator.spec import SessionSpec
@@ -21,7 +21,9 @@ __all__ = ["FakeDomain", "FakeHypervisor"]
 class FakeDomain:
     """A pretend running domain (see :class:`~orchestrator.hypervisor.base.Domain`)."""
 
-    def __init__(self, spec: SessionSpec, nic: NicAttachment | None) -> None:
+    def __init__(
+        self, spec: SessionSpec, nic: NicAttachment | None, *, horizontal_wheel: bool = True
+    ) -> None:
         self.spec = spec
         self.nic = nic
         self.running = True
@@ -34,6 +36,10 @@ class FakeDomain:
             d.height_px,
             background_rgb=spec.image.background_rgb,
             on_line=self._on_line,
+            horizontal_wheel=horizontal_wheel,
+        )
+        self._helper = (
+            FakeGuestHelper(self._display) if spec.image.helper_port is not None else None
         )
         if spec.autostart == "input-probe":
             self.write_guest_log(
@@ -55,6 +61,11 @@ class FakeDomain:
     @property
     def display(self) -> FakeDisplay:
         return self._display
+
+    @property
+    def helper(self) -> FakeGuestHelper | None:
+        """The fake guest helper (only for images with a ``helper_port``)."""
+        return self._helper
 
     def is_running(self) -> bool:
         return self.running
@@ -79,14 +90,20 @@ class FakeHypervisor:
     * ``"destroy"``: :meth:`destroy` raises and leaves the domain behind (a leak the
       reaper must find).
 
+    Args:
+        accel: what the fake host "probed".
+        horizontal_wheel: whether the fake displays take horizontal wheel events (a QEMU
+            8.1+ host); ``False`` models this project's QEMU 7.2 host.
+
     Attributes:
         domains: running fake domains by session id.
         fail_on: lifecycle step names that raise next time.
         started, destroyed: session ids in call order.
     """
 
-    def __init__(self, *, accel: Accel = "tcg") -> None:
+    def __init__(self, *, accel: Accel = "tcg", horizontal_wheel: bool = True) -> None:
         self._accel: Accel = accel
+        self._horizontal_wheel = horizontal_wheel
         self.domains: dict[str, FakeDomain] = {}
         self.fail_on: set[str] = set()
         self.started: list[str] = []
@@ -109,7 +126,7 @@ class FakeHypervisor:
                 raise HypervisorError(f"injected failure defining {spec.session_id}")
             if spec.session_id in self.domains:
                 raise HypervisorError(f"session {spec.session_id} already exists")
-            domain = FakeDomain(spec, nic)
+            domain = FakeDomain(spec, nic, horizontal_wheel=self._horizontal_wheel)
             self.domains[spec.session_id] = domain
             if self._injected("start"):
                 raise HypervisorError(f"injected failure starting {spec.session_id}")

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import libvirt
 
+from orchestrator.display.guest_helper import HelperChannel
 from orchestrator.display.qmp import QmpDisplay
-from orchestrator.errors import CapacityError, ConfigError, HypervisorError
+from orchestrator.errors import CapacityError, ConfigError, GuestHelperError, HypervisorError
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.hypervisor.domain_xml import (
     METADATA_NS,
@@ -44,6 +45,9 @@ _SESSION_DIR_RE = re.compile(r"^[a-z0-9]{12}$")
 _INSTANCE_RE = re.compile(r"^[0-9a-f]{12}$")
 
 __all__ = ["DISK_RESERVE_MIB", "LibvirtDomain", "LibvirtHypervisor", "open_connection"]
+
+_SUN_PATH_MAX = 107
+"""Longest unix socket path (``sockaddr_un.sun_path`` is 108 bytes with the NUL)."""
 
 DISK_RESERVE_MIB = 1024
 """Space that must stay free on the sessions' file system after every session's disk cap."""
@@ -87,12 +91,18 @@ class LibvirtDomain:
     """A running session domain (see :class:`~orchestrator.hypervisor.base.Domain`)."""
 
     def __init__(
-        self, conn: libvirt.virConnect, dom: libvirt.virDomain, session_id: str, paths: SessionPaths
+        self,
+        conn: libvirt.virConnect,
+        dom: libvirt.virDomain,
+        session_id: str,
+        paths: SessionPaths,
+        helper: HelperChannel | None = None,
     ) -> None:
         self._dom = dom
         self._session_id = session_id
         self._paths = paths
         self._display = QmpDisplay(conn, dom)
+        self._helper = helper
 
     @property
     def session_id(self) -> str:
@@ -101,6 +111,10 @@ class LibvirtDomain:
     @property
     def display(self) -> QmpDisplay:
         return self._display
+
+    @property
+    def helper(self) -> HelperChannel | None:
+        return self._helper
 
     def is_running(self) -> bool:
         try:
@@ -136,6 +150,7 @@ class LibvirtHypervisor:
         self._conn = open_connection(uri)
         self._lock = threading.Lock()
         self._caps: dict[str, int] = {}
+        self._helpers: dict[str, HelperChannel] = {}
         self.instance_id = secrets.token_hex(6)
         """This instance's id, written into its session directories (``instance``)."""
         self._instance_fd: int | None = self._hold_instance_lock()
@@ -257,6 +272,12 @@ class LibvirtHypervisor:
             HypervisorError: overlay creation or domain start failed.
         """
         paths = self._paths(spec.session_id)
+        if spec.image.helper_port is not None and len(bytes(paths.helper_socket)) > _SUN_PATH_MAX:
+            raise ConfigError(
+                f"the sessions directory {self._sessions_dir} is too long a path for the guest "
+                f"helper's unix socket {paths.helper_socket} (at most {_SUN_PATH_MAX} bytes): "
+                "use a shorter DESKVM_STATE_DIR"
+            )
         cap_mib = self.disk_cap_mib(spec)
         with self._lock:
             self._check_free_space(cap_mib)
@@ -289,7 +310,16 @@ class LibvirtHypervisor:
                     {"hard_limit": hard_limit_mib(spec) * 1024}, libvirt.VIR_DOMAIN_AFFECT_LIVE
                 )
                 dom.resume()
-            return LibvirtDomain(self._conn, dom, spec.session_id, paths)
+            helper = None
+            if spec.image.helper_port is not None:
+                helper = HelperChannel(paths.helper_socket)
+                self._helpers[spec.session_id] = helper
+                helper.connect()
+            return LibvirtDomain(self._conn, dom, spec.session_id, paths, helper)
+        except GuestHelperError as exc:
+            with contextlib.suppress(HypervisorError):
+                self.destroy(spec.session_id)
+            raise HypervisorError(f"could not start session {spec.session_id}: {exc}") from exc
         except FileExistsError as exc:
             raise HypervisorError(f"session {spec.session_id} already exists") from exc
         except (OSError, subprocess.SubprocessError, libvirt.libvirtError) as exc:
@@ -306,6 +336,9 @@ class LibvirtHypervisor:
         paths = self._paths(session_id)
         failures: list[str] = []
         self._caps.pop(session_id, None)
+        helper = self._helpers.pop(session_id, None)
+        if helper is not None:
+            helper.close()
         try:
             with self._lock:
                 dom = self._conn.lookupByName(domain_name(session_id))

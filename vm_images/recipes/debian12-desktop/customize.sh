@@ -17,7 +17,7 @@ useradd --create-home --uid 1000 --user-group --shell /bin/bash --comment 'deskv
 passwd --lock desk >/dev/null
 
 chmod 0755 /usr/local/lib/deskvm/session /usr/local/lib/deskvm/desktop \
-    /usr/local/bin/deskvm-input-probe /etc/initramfs-tools/hooks/deskvm
+    /usr/local/bin/deskvm-input-probe /usr/local/bin/deskvm-helper /etc/initramfs-tools/hooks/deskvm
 
 # A fixed machine id: no "first boot" (which would re-run presets) in any session.
 od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >/etc/machine-id

@@ -1,0 +1,274 @@
+"""The host end of the in-guest helper: a virtio-serial port, JSON lines each way.
+
+Some input has no path through QEMU's ``input-send-event``: characters with no key on the
+guest's US layout (``Ñandú``, ``美国降息新闻``) and, before QEMU 8.1, the horizontal wheel
+(``InputButton`` has no ``wheel-left``/``wheel-right``). Images that carry the guest helper
+(``vm_images/recipes/*/rootfs/usr/local/bin/deskvm-helper``, recipe key ``helper_port``)
+get a libvirt ``<channel type='unix'>`` whose guest end is
+``/dev/virtio-ports/<helper_port>``; the helper injects those events through the guest X
+server's XTEST extension. The channel is a serial port between QEMU and this process: the
+guest has no network path to the host through it.
+
+Protocol (version 1; the helper's docstring is the reference): each side writes one UTF-8
+JSON object per line. The helper announces itself with
+``{"hello": "deskvm-helper", "protocol": 1, "ops": [...]}``; a request is
+``{"id": N, "op": ..., ...}`` and its reply ``{"id": N, "ok": true, ...}`` or
+``{"id": N, "ok": false, "error": "..."}``.
+
+The guest is untrusted: lines are bounded (:data:`MAX_LINE_BYTES`), anything that is not a
+JSON object, not the hello or not the reply to a pending request is dropped, and every
+request has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.errors import GuestHelperError
+
+__all__ = [
+    "HELPER_PROTOCOL",
+    "MAX_LINE_BYTES",
+    "GuestHelper",
+    "HelperChannel",
+]
+
+HELPER_PROTOCOL = 1
+MAX_LINE_BYTES = 1 << 16
+"""Longest line accepted from the guest, bytes; longer lines are dropped whole."""
+
+
+class GuestHelper(Protocol):
+    """The in-guest helper of one running domain."""
+
+    def unavailable_reason(self, wait_s: float = 0.0) -> str | None:
+        """``None`` when the helper has announced itself, else why it cannot be used.
+
+        Args:
+            wait_s: how long to wait for the helper's announcement, seconds.
+        """
+        ...
+
+    def request(self, op: str, args: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        """Send one request and wait for its reply.
+
+        Args:
+            op: ``"type"`` (``text``) or ``"wheel"`` (``direction``, ``count``, ``x``, ``y``,
+                ``mods``).
+            args: the request's other members.
+            timeout_s: deadline for the reply, seconds.
+
+        Returns:
+            The reply object (``ok`` is true).
+
+        Raises:
+            GuestHelperError: the helper is not connected, answered ``ok: false``, or did
+                not answer before the deadline.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class HelperChannel:
+    """:class:`GuestHelper` over the unix socket of a libvirt ``<channel>`` (QEMU listens).
+
+    Args:
+        socket_path: the channel's host socket.
+        connect_timeout_s: how long :meth:`connect` retries while QEMU sets the socket up.
+    """
+
+    def __init__(self, socket_path: Path, *, connect_timeout_s: float = 10.0) -> None:
+        self._path = socket_path
+        self._connect_timeout_s = connect_timeout_s
+        self._sock: socket.socket | None = None
+        self._write_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._hello = threading.Event()
+        self._hello_info: dict[str, Any] = {}
+        self._pending: dict[int, tuple[threading.Event, list[dict[str, Any]]]] = {}
+        self._ids = itertools.count(1)
+        self._closed_reason: str | None = None
+        self._dropped_lines = 0
+        self._reader: threading.Thread | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self._path
+
+    @property
+    def dropped_lines(self) -> int:
+        """Lines from the guest that were dropped (too long, not JSON, unexpected)."""
+        return self._dropped_lines
+
+    @property
+    def hello_info(self) -> dict[str, Any]:
+        """The helper's announcement (empty until it arrives)."""
+        return dict(self._hello_info)
+
+    def connect(self) -> None:
+        """Connect to QEMU's end of the channel and start reading.
+
+        Raises:
+            GuestHelperError: the socket did not accept a connection in time.
+        """
+        deadline = time.monotonic() + self._connect_timeout_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(str(self._path))
+                break
+            except OSError as exc:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise GuestHelperError(
+                        f"cannot connect to the guest helper channel {self._path}: {exc}"
+                    ) from exc
+                time.sleep(0.05)
+        sock.settimeout(None)
+        self._sock = sock
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"guest-helper {self._path.parent.name}", daemon=True
+        )
+        self._reader.start()
+        # If the helper started before we connected, its announcement is gone: ask again.
+        # (QEMU holds this until the guest opens its port.)
+        with contextlib.suppress(GuestHelperError):
+            self._send({"id": 0, "op": "hello"})
+
+    def unavailable_reason(self, wait_s: float = 0.0) -> str | None:
+        if self._hello.wait(wait_s):
+            return None
+        if self._closed_reason is not None:
+            return self._closed_reason
+        if self._sock is None:
+            return "the guest helper channel is not connected"
+        return "the guest helper has not announced itself (is it running in the guest?)"
+
+    def request(self, op: str, args: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise GuestHelperError(reason)
+        request_id = next(self._ids)
+        done = threading.Event()
+        slot: list[dict[str, Any]] = []
+        with self._state_lock:
+            self._pending[request_id] = (done, slot)
+        try:
+            self._send({**args, "id": request_id, "op": op})
+            if not done.wait(timeout_s):
+                raise GuestHelperError(
+                    f"the guest helper did not answer {op!r} within {timeout_s:.1f} s"
+                )
+        finally:
+            with self._state_lock:
+                self._pending.pop(request_id, None)
+        if not slot:
+            raise GuestHelperError(self._closed_reason or "the guest helper channel closed")
+        reply = slot[0]
+        if reply.get("ok") is not True:
+            error = str(reply.get("error", "no reason given"))[:500]
+            raise GuestHelperError(f"the guest helper could not {op}: {error}")
+        return reply
+
+    def close(self) -> None:
+        self._fail_all("the guest helper channel was closed")
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=2.0)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _send(self, obj: Mapping[str, Any]) -> None:
+        data = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        sock = self._sock
+        if sock is None:
+            raise GuestHelperError(self._closed_reason or "the guest helper is not connected")
+        with self._write_lock:
+            try:
+                sock.sendall(data)
+            except OSError as exc:
+                raise GuestHelperError(f"cannot write to the guest helper: {exc}") from exc
+
+    def _fail_all(self, reason: str) -> None:
+        with self._state_lock:
+            if self._closed_reason is None:
+                self._closed_reason = reason
+            pending = list(self._pending.values())
+        self._hello.clear()
+        for done, _slot in pending:
+            done.set()
+
+    def _read_loop(self) -> None:
+        buf = bytearray()
+        skipping = False
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._fail_all("the guest helper channel closed (the domain stopped?)")
+                return
+            buf += chunk
+            while True:
+                newline = buf.find(b"\n")
+                if newline < 0:
+                    if len(buf) > MAX_LINE_BYTES:
+                        buf.clear()
+                        skipping = True
+                        self._dropped_lines += 1
+                    break
+                line = bytes(buf[:newline])
+                del buf[: newline + 1]
+                if skipping:
+                    skipping = False
+                    continue
+                if len(line) > MAX_LINE_BYTES:
+                    self._dropped_lines += 1
+                    continue
+                self._on_line(line)
+
+    def _on_line(self, line: bytes) -> None:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            self._dropped_lines += 1
+            return
+        if not isinstance(obj, dict):
+            self._dropped_lines += 1
+            return
+        if obj.get("hello") == "deskvm-helper":
+            if obj.get("protocol") == HELPER_PROTOCOL:
+                self._hello_info = {k: obj[k] for k in ("hello", "protocol", "ops") if k in obj}
+                self._hello.set()
+            else:
+                self._closed_reason = (
+                    f"the guest helper speaks protocol {obj.get('protocol')!r}, "
+                    f"not {HELPER_PROTOCOL}"
+                )
+            return
+        request_id = obj.get("id")
+        with self._state_lock:
+            entry = self._pending.get(request_id) if isinstance(request_id, int) else None
+        if entry is None:
+            self._dropped_lines += 1
+            return
+        done, slot = entry
+        if not slot:
+            slot.append(obj)
+        done.set()
