@@ -701,9 +701,19 @@ class Session:
         """Hold ``keys`` down for ``duration_ms`` milliseconds."""
         self._do("hold_key", keys=keys, duration_ms=duration_ms, extra_wait_ms=duration_ms)
 
-    def scroll(self, x: int | None = None, y: int | None = None, dx: int = 0, dy: int = 0) -> None:
-        """Turn the wheel ``dy`` notches down (negative: up) and ``dx`` right at ``(x, y)``."""
-        self._do("scroll", x=x, y=y, dx=dx, dy=dy)
+    def scroll(
+        self,
+        x: int | None = None,
+        y: int | None = None,
+        dx: int = 0,
+        dy: int = 0,
+        hold: str | None = None,
+    ) -> None:
+        """Turn the wheel ``dy`` notches down (negative: up) and ``dx`` right at ``(x, y)``.
+
+        ``hold``: keys held during the scroll, e.g. ``"shift"`` or ``"ctrl+alt"``.
+        """
+        self._do("scroll", x=x, y=y, dx=dx, dy=dy, hold=hold)
 
     def drag(self, path: Sequence[Sequence[int]], button: ButtonName = "left") -> None:
         """Press at ``path[0]``, move through every point, release at ``path[-1]``."""

@@ -76,8 +76,10 @@ PROBE_READY_MARKER = b'"ev":"probe_ready"'
 
 HELPER_ANNOUNCE_WAIT_S = 5.0
 """How long an action that needs the guest helper waits for it to announce itself, s."""
+HELPER_MAX_TEXT_CHARS = 10_000
+"""Longest text one action may hand to the guest helper, characters."""
 HELPER_BASE_TIMEOUT_S = 10.0
-HELPER_PER_EVENT_TIMEOUT_S = 0.05
+HELPER_PER_EVENT_TIMEOUT_S = 0.1
 """A helper request's deadline: base + per character or wheel notch, seconds."""
 
 SessionState = Literal["new", "starting", "ready", "closing", "closed", "failed"]
@@ -637,13 +639,19 @@ class Session:
         else:
             reason = helper.unavailable_reason(wait_s=HELPER_ANNOUNCE_WAIT_S)
         if reason is None:
+            if needs.op == "type":
+                assert helper is not None
+                self._check_helper_text(needs.args["text"], helper.hello_info, action)
             return steps
         if needs.op == "type":
             try:
                 text_to_combos(needs.args["text"])
             except ActionError as exc:
+                what = exc.message
+                if isinstance(action, Type) and action.secret:
+                    what = "the text has a character with no key on the guest's US layout"
                 raise ActionError(
-                    f"{exc.message}; such text is typed by the in-guest helper, which is not "
+                    f"{what}; such text is typed by the in-guest helper, which is not "
                     f"available: {reason}",
                     code="untypeable_text",
                 ) from None
@@ -653,6 +661,27 @@ class Session:
             f"scrolls instead is not available: {reason}",
             code="unsupported_input",
         )
+
+    @staticmethod
+    def _check_helper_text(text: str, hello: Mapping[str, Any], action: Action) -> None:
+        """Refuse (before any input) text the helper cannot type in one request."""
+        if len(text) > HELPER_MAX_TEXT_CHARS:
+            raise ActionError(
+                f"text with characters that have no US key is typed by the guest helper, at "
+                f"most {HELPER_MAX_TEXT_CHARS} characters per action: send it in parts",
+                code="untypeable_text",
+            )
+        spare = hello.get("spare_keycodes")
+        if not isinstance(spare, int):
+            return
+        distinct = len({c for c in text if not _has_us_key(c)})
+        if distinct > spare:
+            raise ActionError(
+                f"the text has {distinct} different characters with no US key; the guest "
+                f"helper types at most {spare} different ones per action (its spare "
+                "keycodes, never rebound within an action): send it in parts",
+                code="untypeable_text",
+            )
 
     def _helper_request(self, step: HelperStep) -> None:
         assert self._domain is not None and self._domain.helper is not None
@@ -738,6 +767,14 @@ class Session:
 
     def uptime_s(self) -> float:
         return (time.monotonic_ns() - self.created_ns) / 1e9
+
+
+def _has_us_key(char: str) -> bool:
+    try:
+        text_to_combos(char)
+    except ActionError:
+        return False
+    return True
 
 
 def _describe_steps(steps: list[PlanStep]) -> list[str]:

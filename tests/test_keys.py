@@ -82,3 +82,10 @@ def test_text_without_a_key_is_a_clear_error(text: str) -> None:
         text_to_combos(text)
     assert info.value.code == "untypeable_text"
     assert "U+" in info.value.message
+
+
+@pytest.mark.parametrize("name", ["F13", "f24", "ctrl+F20"])
+def test_function_keys_beyond_f12_are_refused_with_the_reason(name: str) -> None:
+    with pytest.raises(ActionError) as info:
+        parse_combo(name)
+    assert info.value.code == "unknown_key" and "F12" in info.value.message

@@ -140,3 +140,17 @@ def test_secret_text_is_not_in_its_record() -> None:
     )
     assert "hunter2" not in json.dumps(record)
     assert record["length"] == 7
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"id": 1, "action": "type", "text": "a\\ud800b"}', '{"id": 2, "junk": ["\\udfff"]}'],
+)
+def test_unpaired_surrogates_are_invalid_json(text: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_envelope(text)
+    assert info.value.code == "invalid_json" and "surrogate" in info.value.message
+
+
+def test_a_surrogate_pair_is_one_character() -> None:
+    assert decode_envelope('{"id": 1, "text": "\\ud83d\\ude00"}').body == {"text": "😀"}

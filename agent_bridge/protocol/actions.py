@@ -7,6 +7,7 @@ notches ("clicks"); positive ``dy`` scrolls down, positive ``dx`` scrolls right.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, TypeAlias
@@ -37,6 +38,9 @@ __all__ = [
 ]
 
 MAX_WAIT_MS = 60_000
+
+# C0 controls except \t \n \r, DEL, C1 controls, and surrogates (never characters).
+_UNTYPEABLE_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 Point: TypeAlias = tuple[int, int]
 
@@ -153,13 +157,32 @@ class Scroll:
 
 @dataclass(frozen=True, slots=True)
 class Type:
-    """Type ``text`` as keystrokes. ``\\n`` is Return, ``\\t`` is Tab.
+    """Type ``text`` as keystrokes. ``\\n`` and ``\\r`` are Return, ``\\t`` is Tab.
+
+    Any other Unicode character may appear (those with no key on the guest's US layout are
+    typed by the guest helper). Other control characters (C0, DEL, C1) and unpaired
+    surrogates are refused: send keys such as Escape with :class:`Key`.
 
     ``secret`` text is recorded as its length and a keyed hash only.
+
+    Raises:
+        ActionError: ``invalid_action``: a control character or unpaired surrogate.
     """
 
     text: str
     secret: bool = False
+
+    def __post_init__(self) -> None:
+        bad = _UNTYPEABLE_CONTROL.search(self.text)
+        if bad is None:
+            return
+        cp = ord(bad.group())
+        what = "an unpaired surrogate" if 0xD800 <= cp <= 0xDFFF else "the control character"
+        named = "" if self.secret else f" U+{cp:04X}"
+        raise ActionError(
+            f"text has {what}{named} at index {bad.start()}: only \\t, \\n and \\r are "
+            "typed as keys (send others, e.g. Escape, with the key action)"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ replies are ``{"id", "ok": true, "result": {...}}`` or
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,14 @@ def decode_envelope(text: str | bytes) -> Envelope:
         obj = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"message is not valid JSON: {exc}", code="invalid_json") from None
+    if _LONE_SURROGATE.search(text if isinstance(text, str) else "") or (
+        "\\u" in (text if isinstance(text, str) else "") and _has_lone_surrogate(obj)
+    ):
+        # JSON may spell one ("\ud800"); it is no character, and nothing can encode it.
+        raise ProtocolError(
+            "message holds an unpaired UTF-16 surrogate (\\ud800-\\udfff): not Unicode text",
+            code="invalid_json",
+        )
     if not isinstance(obj, dict):
         raise ProtocolError("message must be a JSON object", code="invalid_message")
     client_id = obj.get("id")
@@ -80,6 +89,19 @@ def decode_envelope(text: str | bytes) -> Envelope:
         raise ProtocolError("'id' must be a string, a number or null", code="invalid_message")
     body = {k: v for k, v in obj.items() if k != "id"}
     return Envelope(id=client_id, body=body)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 def encode_result(client_id: ClientId, result: Mapping[str, Any]) -> str:

@@ -162,6 +162,14 @@ class FakeGuestHelper:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.wheels: list[tuple[str, int, int, int, int]] = []
         self.fail_next: str | None = None
+        self.spare_keycodes = 110
+
+    @property
+    def hello_info(self) -> dict[str, Any]:
+        if not self.available:
+            return {}
+        return {"hello": "deskvm-helper", "protocol": 1, "ops": ["hello", "type", "wheel"],
+                "spare_keycodes": self.spare_keycodes}  # fmt: skip
 
     def unavailable_reason(self, wait_s: float = 0.0) -> str | None:
         return None if self.available else "the guest helper has not announced itself"

@@ -11,13 +11,18 @@ guest has no network path to the host through it.
 
 Protocol (version 1; the helper's docstring is the reference): each side writes one UTF-8
 JSON object per line. The helper announces itself with
-``{"hello": "deskvm-helper", "protocol": 1, "ops": [...]}``; a request is
-``{"id": N, "op": ..., ...}`` and its reply ``{"id": N, "ok": true, ...}`` or
-``{"id": N, "ok": false, "error": "..."}``.
+``{"hello": "deskvm-helper", "protocol": 1, "ops": [...], "spare_keycodes": N}``. A
+request ``{"id": N, "op": ..., ...}`` is answered ``{"id": N, "ready": true}`` (or refused,
+``{"id": N, "ok": false, "error": ...}``); only then does the host send
+``{"id": N, "op": "go"}`` and the helper act and answer ``{"id": N, "ok": true, ...}``. A
+request the host gave up on before ``ready`` (no helper was reading, say) is never
+confirmed, so a helper that reads it later drops it: what the host reported as not done
+is never done.
 
 The guest is untrusted: lines are bounded (:data:`MAX_LINE_BYTES`), anything that is not a
-JSON object, not the hello or not the reply to a pending request is dropped, and every
-request has a deadline.
+JSON object, not the hello or not an answer to the pending request is dropped, writes
+and every phase of a request have deadlines, and a helper that does not acknowledge a
+request is taken as gone until it announces itself again.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import contextlib
 import itertools
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -35,8 +41,10 @@ from typing import Any, Protocol
 from orchestrator.errors import GuestHelperError
 
 __all__ = [
+    "ACK_TIMEOUT_S",
     "HELPER_PROTOCOL",
     "MAX_LINE_BYTES",
+    "SEND_TIMEOUT_S",
     "GuestHelper",
     "HelperChannel",
 ]
@@ -44,6 +52,10 @@ __all__ = [
 HELPER_PROTOCOL = 1
 MAX_LINE_BYTES = 1 << 16
 """Longest line accepted from the guest, bytes; longer lines are dropped whole."""
+ACK_TIMEOUT_S = 5.0
+"""How long the helper has to answer a request ``ready`` (or refuse it), seconds."""
+SEND_TIMEOUT_S = 5.0
+"""How long a write to the channel may block (the guest is not reading), seconds."""
 
 
 class GuestHelper(Protocol):
@@ -75,7 +87,21 @@ class GuestHelper(Protocol):
         """
         ...
 
+    @property
+    def hello_info(self) -> dict[str, Any]:
+        """The helper's announcement (``ops``, ``spare_keycodes``...); empty before it."""
+        ...
+
     def close(self) -> None: ...
+
+
+class _Pending:
+    """One request in flight: its ``ready`` answer, then its final answer."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.reply: dict[str, Any] | None = None
 
 
 class HelperChannel:
@@ -94,9 +120,10 @@ class HelperChannel:
         self._state_lock = threading.Lock()
         self._hello = threading.Event()
         self._hello_info: dict[str, Any] = {}
-        self._pending: dict[int, tuple[threading.Event, list[dict[str, Any]]]] = {}
+        self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._closed_reason: str | None = None
+        self._gone_reason: str | None = None
         self._dropped_lines = 0
         self._reader: threading.Thread | None = None
 
@@ -134,6 +161,10 @@ class HelperChannel:
                     ) from exc
                 time.sleep(0.05)
         sock.settimeout(None)
+        # Bound writes (the guest may never read); reads block in the reader thread.
+        seconds, fraction = divmod(SEND_TIMEOUT_S, 1.0)
+        timeval = struct.pack("ll", int(seconds), int(fraction * 1_000_000))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         self._sock = sock
         self._reader = threading.Thread(
             target=self._read_loop, name=f"guest-helper {self._path.parent.name}", daemon=True
@@ -145,39 +176,68 @@ class HelperChannel:
             self._send({"id": 0, "op": "hello"})
 
     def unavailable_reason(self, wait_s: float = 0.0) -> str | None:
+        if self._hello.is_set():
+            return None
+        if wait_s > 0 and self._gone_reason is not None and self._closed_reason is None:
+            # It stopped answering once (stopped, busy, restarted): ask it to announce
+            # itself again rather than staying unavailable for good.
+            with contextlib.suppress(GuestHelperError):
+                self._send({"id": 0, "op": "hello"})
         if self._hello.wait(wait_s):
             return None
         if self._closed_reason is not None:
             return self._closed_reason
         if self._sock is None:
             return "the guest helper channel is not connected"
+        if self._gone_reason is not None:
+            return f"{self._gone_reason}, and has not announced itself since"
         return "the guest helper has not announced itself (is it running in the guest?)"
 
     def request(self, op: str, args: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
         reason = self.unavailable_reason()
         if reason is not None:
             raise GuestHelperError(reason)
+        deadline = time.monotonic() + timeout_s
         request_id = next(self._ids)
-        done = threading.Event()
-        slot: list[dict[str, Any]] = []
+        pending = _Pending()
         with self._state_lock:
-            self._pending[request_id] = (done, slot)
+            self._pending[request_id] = pending
         try:
             self._send({**args, "id": request_id, "op": op})
-            if not done.wait(timeout_s):
+            ack_s = min(ACK_TIMEOUT_S, timeout_s)
+            if not pending.ready.wait(ack_s):
+                self._gone(f"the guest helper did not acknowledge {op!r} within {ack_s:.1f} s")
                 raise GuestHelperError(
-                    f"the guest helper did not answer {op!r} within {timeout_s:.1f} s"
+                    f"the guest helper did not acknowledge {op!r} within {ack_s:.1f} s "
+                    "(is it running in the guest?); nothing was injected"
                 )
+            if pending.done.is_set():  # refused (or the channel closed) instead of ready
+                return self._final(op, pending, injected=False)
+            self._send({"id": request_id, "op": "go"})
+            if not pending.done.wait(max(0.0, deadline - time.monotonic())):
+                raise GuestHelperError(
+                    f"the guest helper did not finish {op!r} within {timeout_s:.1f} s "
+                    "(part of it may have reached the guest)"
+                )
+            return self._final(op, pending, injected=True)
         finally:
             with self._state_lock:
                 self._pending.pop(request_id, None)
-        if not slot:
+
+    def _final(self, op: str, pending: _Pending, *, injected: bool) -> dict[str, Any]:
+        reply = pending.reply
+        if reply is None:
             raise GuestHelperError(self._closed_reason or "the guest helper channel closed")
-        reply = slot[0]
         if reply.get("ok") is not True:
             error = str(reply.get("error", "no reason given"))[:500]
-            raise GuestHelperError(f"the guest helper could not {op}: {error}")
+            note = "" if injected else " (nothing was injected)"
+            raise GuestHelperError(f"the guest helper could not {op}: {error}{note}")
         return reply
+
+    def _gone(self, reason: str) -> None:
+        """The helper stopped answering: unavailable until it announces itself again."""
+        self._hello.clear()
+        self._gone_reason = reason
 
     def close(self) -> None:
         self._fail_all("the guest helper channel was closed")
@@ -200,7 +260,12 @@ class HelperChannel:
             try:
                 sock.sendall(data)
             except OSError as exc:
-                raise GuestHelperError(f"cannot write to the guest helper: {exc}") from exc
+                # A line may be half written: the stream is no longer in step. Give up on it.
+                reason = f"writing to the guest helper failed ({exc}); its channel is closed"
+                self._fail_all(reason)
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                raise GuestHelperError(reason) from exc
 
     def _fail_all(self, reason: str) -> None:
         with self._state_lock:
@@ -208,8 +273,9 @@ class HelperChannel:
                 self._closed_reason = reason
             pending = list(self._pending.values())
         self._hello.clear()
-        for done, _slot in pending:
-            done.set()
+        for entry in pending:
+            entry.ready.set()
+            entry.done.set()
 
     def _read_loop(self) -> None:
         buf = bytearray()
@@ -254,10 +320,13 @@ class HelperChannel:
             return
         if obj.get("hello") == "deskvm-helper":
             if obj.get("protocol") == HELPER_PROTOCOL:
-                self._hello_info = {k: obj[k] for k in ("hello", "protocol", "ops") if k in obj}
+                keep = ("hello", "protocol", "ops", "spare_keycodes")
+                self._hello_info = {k: obj[k] for k in keep if k in obj}
+                self._gone_reason = None
                 self._hello.set()
             else:
-                self._closed_reason = (
+                self._hello.clear()
+                self._gone_reason = (
                     f"the guest helper speaks protocol {obj.get('protocol')!r}, "
                     f"not {HELPER_PROTOCOL}"
                 )
@@ -268,7 +337,11 @@ class HelperChannel:
         if entry is None:
             self._dropped_lines += 1
             return
-        done, slot = entry
-        if not slot:
-            slot.append(obj)
-        done.set()
+        if obj.get("ready") is True and not entry.ready.is_set():
+            entry.ready.set()
+        elif "ok" in obj and not entry.done.is_set():
+            entry.reply = obj
+            entry.done.set()
+            entry.ready.set()
+        else:
+            self._dropped_lines += 1

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agent_bridge.client import Client, Session
+from agent_bridge.client import Client, RemoteError, Session
 from agent_bridge.input_check import ProbeReader, find_key, has_text, presses, releases
 from agent_bridge.protocol.vocab import OpenAIVocabulary
 
@@ -175,15 +175,25 @@ def test_type_non_us_text_through_the_guest_helper(probe: Probe, text: str) -> N
 
 
 def test_more_distinct_characters_than_spare_keycodes(probe: Probe) -> None:
-    """300 distinct CJK characters: the helper must rebind spare keycodes (about 110 on
-    this keyboard map) while typing, without the app reading a rebound key wrongly."""
+    """The helper binds characters with no key to spare keycodes (110 on this keyboard map)
+    and never rebinds one within an action: 100 distinct CJK characters type exactly, then
+    100 others in a second action (rebinding the first action's keycodes); 300 distinct
+    ones in one action are refused before anything is typed."""
     probe.clear_text()
-    text = "".join(chr(0x4E00 + i * 7) for i in range(300))
+    first = "".join(chr(0x4E00 + i * 7) for i in range(100))
+    second = "".join(chr(0x5E00 + i * 7) for i in range(100))
     since = probe.mark()
-    probe.session.type(text)
-    events = probe.wait(since, lambda ev: _has_text(ev, text), 60.0)
+    probe.session.type(first)
+    probe.session.type(second)
+    events = probe.wait(since, lambda ev: _has_text(ev, first + second), 60.0)
     got = [e["value"] for e in events if e["ev"] == "text"][-1:]
-    assert got == [text], f"first difference at {_first_diff(got[0] if got else '', text)}"
+    assert got == [first + second], f"first difference at {_first_diff(got[0], first + second)}"
+    before = probe.text_value()
+    with pytest.raises(RemoteError) as info:
+        probe.session.type("".join(chr(0x6E00 + i) for i in range(300)))
+    assert info.value.code == "untypeable_text" and "send it in parts" in str(info.value)
+    time.sleep(1.0)
+    assert probe.text_value() == before
 
 
 def test_ascii_after_non_us_text_still_types_through_qemu(probe: Probe) -> None:

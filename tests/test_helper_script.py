@@ -1,0 +1,169 @@
+"""The in-guest helper script's request handling, run on the host over a pty (no X, no VM).
+
+The X11 side is replaced by a recording injector; the real script in a real guest is
+exercised by ``tests/vm/test_input_fidelity_vm.py`` and ``tests/vm/test_session_vm.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import pty
+import select
+import threading
+import time
+import tty
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from vm_images.builder import RECIPES_DIR
+
+SCRIPT = RECIPES_DIR / "debian12-desktop" / "rootfs" / "usr" / "local" / "bin" / "deskvm-helper"
+
+
+def load_helper() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("deskvm_helper_script", str(SCRIPT))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class FakeInjector:
+    """Stands in for the X11 injector: printable ASCII on the map, 3 spare keycodes."""
+
+    def __init__(self, helper: ModuleType) -> None:
+        self.on_map = {cp: (8 + cp % 100, cp > 0x60) for cp in range(0x20, 0x7F)}
+        self.on_map[helper.RETURN] = (36, False)
+        self.spare = [200, 201, 202]
+        self.typed: list[str] = []
+        self.wheels: list[tuple[str, int]] = []
+
+    def type_text(self, text: str) -> int:
+        self.typed.append(text)
+        return len(text)
+
+    def wheel(self, direction: str, count: int, at: Any, mods: int) -> int:
+        self.wheels.append((direction, count))
+        return count
+
+
+class Port:
+    """The host end of a pty standing in for the virtio-serial port."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+
+    def send(self, obj: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(obj, ensure_ascii=False) + "\n").encode())
+
+    def read(self, timeout_s: float = 3.0) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.buf:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            self.buf += os.read(self.fd, 65536)
+        line, self.buf = self.buf.split(b"\n", 1)
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Port, FakeInjector, ModuleType]]:
+    helper = load_helper()
+    monkeypatch.setattr(helper, "GO_WAIT_S", 0.4)
+    host_fd, guest_fd = pty.openpty()
+    tty.setraw(guest_fd)
+    tty.setraw(host_fd)
+    injector = FakeInjector(helper)
+    thread = threading.Thread(target=helper.serve, args=(guest_fd, injector), daemon=True)
+    thread.start()
+    port = Port(host_fd)
+    hello = port.read()
+    assert hello is not None and hello["hello"] == "deskvm-helper"
+    assert hello["spare_keycodes"] == 3
+    yield port, injector, helper
+    os.close(host_fd)
+
+
+def test_a_request_runs_only_after_go(served) -> None:  # type: ignore[no-untyped-def]
+    port, injector, _ = served
+    port.send({"id": 1, "op": "type", "text": "Ñandú\r"})
+    assert port.read() == {"id": 1, "ready": True}
+    assert injector.typed == []
+    port.send({"id": 1, "op": "go"})
+    assert port.read() == {"id": 1, "ok": True, "count": 6}
+    assert injector.typed == ["Ñandú\r"]
+
+
+def test_an_unconfirmed_request_is_dropped(served) -> None:  # type: ignore[no-untyped-def]
+    port, injector, _ = served
+    port.send({"id": 1, "op": "type", "text": "STALE-ñ"})
+    assert port.read() == {"id": 1, "ready": True}
+    time.sleep(0.8)  # longer than GO_WAIT_S: the host gave up
+    port.send({"id": 1, "op": "go"})
+    assert port.read() == {"id": 1, "ok": False, "error": "no such request is waiting"}
+    assert injector.typed == []
+
+
+def test_a_newer_request_supersedes_an_unconfirmed_one(served) -> None:  # type: ignore[no-untyped-def]
+    port, injector, _ = served
+    port.send({"id": 1, "op": "type", "text": "old-ñ"})
+    port.send({"id": 2, "op": "wheel", "direction": "left", "count": 2, "x": 1, "y": 2})
+    assert port.read() == {"id": 1, "ready": True}
+    assert port.read() == {"id": 2, "ready": True}
+    port.send({"id": 1, "op": "go"})
+    assert port.read() == {"id": 1, "ok": False, "error": "no such request is waiting"}
+    port.send({"id": 3, "op": "wheel", "direction": "right", "count": 1})
+    assert port.read() == {"id": 3, "ready": True}
+    port.send({"id": 3, "op": "go"})
+    assert port.read() == {"id": 3, "ok": True, "count": 1}
+    assert injector.typed == [] and injector.wheels == [("right", 1)]
+
+
+@pytest.mark.parametrize(
+    ("request_body", "error"),
+    [
+        ({"op": "type", "text": "美国降息"}, "4 different characters with no key; at most 3"),
+        ({"op": "type", "text": 5}, "string 'text'"),
+        ({"op": "wheel", "direction": "sideways"}, "unknown wheel direction"),
+        ({"op": "wheel", "direction": "up", "count": "3"}, "integers"),
+        ({"op": "reboot"}, "unknown op"),
+    ],
+)
+def test_bad_requests_are_refused_before_ready(served, request_body, error) -> None:  # type: ignore[no-untyped-def]
+    port, injector, _ = served
+    port.send({"id": 9, **request_body})
+    reply = port.read()
+    assert reply is not None and reply["id"] == 9 and reply["ok"] is False
+    assert error in reply["error"]
+    assert injector.typed == [] and injector.wheels == []
+
+
+def test_garbage_gets_an_error_and_serving_goes_on(served) -> None:  # type: ignore[no-untyped-def]
+    port, _, _ = served
+    os.write(port.fd, b"not json\n[1]\n")
+    assert port.read() == {"ok": False, "error": "not JSON"}
+    assert port.read() == {"ok": False, "error": "request is not a JSON object"}
+    port.send({"id": 4, "op": "hello"})
+    reply = port.read()
+    assert reply is not None and reply["id"] == 4 and reply["protocol"] == 1
+
+
+def test_keysyms_follow_x11_keysymdef() -> None:
+    helper = load_helper()
+    assert helper.char_keysym("a") == 0x61
+    assert helper.char_keysym("Ñ") == 0xD1  # Latin-1: the code point
+    assert helper.char_keysym("€") == 0x010020AC  # otherwise 0x01000000 + code point
+    assert helper.char_keysym("美") == 0x01007F8E
+    assert helper.char_keysym("😀") == 0x0101F600
+    assert helper.char_keysym("\n") == helper.char_keysym("\r") == helper.RETURN
+    assert helper.char_keysym("\t") == helper.TAB
