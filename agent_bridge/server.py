@@ -78,6 +78,7 @@ from orchestrator.approval import (
     PendingAction,
 )
 from orchestrator.errors import (
+    ActionError,
     BootTimeout,
     ConfigError,
     DeskvmError,
@@ -696,6 +697,11 @@ class _Bucket:
         self._t = time.monotonic()
         self._lock = threading.Lock()
 
+    def give(self, amount: float) -> None:
+        """Return ``amount`` taken by a request that did not run (never above ``burst``)."""
+        with self._lock:
+            self._level = min(self.burst, self._level + amount)
+
     def take(self, amount: float) -> bool:
         with self._lock:
             now = time.monotonic()
@@ -736,6 +742,13 @@ class _RateLimits:
                 f"more than {self._chars_per_s:g} typed characters/s on this session",
                 code="rate_limited",
             )
+
+    def refund(self, session_id: str, chars: int) -> None:
+        """Give back typed characters of actions that were refused or never ran."""
+        with self._lock:
+            buckets = self._buckets.get(session_id)
+        if buckets is not None and chars > 0:
+            buckets[1].give(chars)
 
     def forget(self, known: set[str]) -> None:
         with self._lock:
@@ -1601,8 +1614,12 @@ class _Connection:
             # action itself.
             raw = None if getattr(vocabulary, "name", "deskvm") == "deskvm" else body
             gate, scaler = self.gate, self.scaler
+            limits = self.limits
+            refund = None if limits is None else (lambda n: limits.refund(session.id, n))
             result = await anyio.to_thread.run_sync(
-                lambda: _execute_all(session, actions, raw, vocabulary, body, gate, scaler)
+                lambda: _execute_all(
+                    session, actions, raw, vocabulary, body, gate, scaler, refund=refund
+                )
             )
             return encode_result(client_id, result)
         except DeskvmError as exc:
@@ -1628,16 +1645,25 @@ def _execute_all(
     body: Mapping[str, Any],
     gate: Callable[[Session, Action], None] | None = None,
     scaler: Scaler | None = None,
+    refund: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     if scaler is not None:
         # Client pixels -> display pixels, all before the first action runs, so a batch
         # with a point outside the scaled screenshot runs nothing.
         actions = [scale_action(a, scaler) for a in actions]
     results = []
-    for action in actions:
-        if gate is not None:
-            gate(session, action)  # raises ApprovalDenied / ApprovalTimeout
-        result = session.execute(action, source="agent", raw=raw)
+    for i, action in enumerate(actions):
+        try:
+            if gate is not None:
+                gate(session, action)  # raises ApprovalDenied / ApprovalTimeout
+            result = session.execute(action, source="agent", raw=raw)
+        except DeskvmError as exc:
+            if refund is not None:
+                # Refused actions (ActionError: nothing injected) and those never reached
+                # give their typed characters back to the rate limit.
+                unrun = actions[i:] if isinstance(exc, ActionError) else actions[i + 1 :]
+                refund(sum(len(a.text) for a in unrun if isinstance(a, Type)))
+            raise
         results.append(result if scaler is None else _scale_result(action, result, scaler))
     return vocabulary.format_result(body, results)
 

@@ -167,3 +167,41 @@ def test_keysyms_follow_x11_keysymdef() -> None:
     assert helper.char_keysym("😀") == 0x0101F600
     assert helper.char_keysym("\n") == helper.char_keysym("\r") == helper.RETURN
     assert helper.char_keysym("\t") == helper.TAB
+
+
+class FakeX11:
+    """A keyboard map as the X server reads it back (7 keysyms per keycode)."""
+
+    def __init__(self, table: dict[int, list[int]]) -> None:
+        self.table = table
+        self.bound: list[tuple[int, list[int]]] = []
+
+    def keyboard_mapping(self) -> tuple[int, dict[int, list[int]]]:
+        return 7, self.table
+
+    def bind(self, keycode: int, keysyms: list[int]) -> None:
+        self.bound.append((keycode, keysyms))
+
+    def sync(self) -> None:
+        pass
+
+
+def test_a_restarted_helper_takes_back_the_keycodes_an_earlier_one_bound() -> None:
+    helper = load_helper()
+    n = [0] * 7
+    table = {
+        10: [0x61, 0x41, 0x61, 0x41, 0, 0, 0],  # a A
+        50: [0xFFE1, 0, 0xFFE1, 0, 0, 0, 0],  # Shift_L
+        100: list(n),  # empty
+        101: [0x1008FF14, 0, 0x1008FF14, 0, 0, 0, 0],  # XF86AudioPlay: never sent
+        102: [0xD1, 0xD1, 0xD1, 0xD1, 0, 0, 0],  # Ñ, bound by an earlier helper
+        103: [0x01007F8E] * 4 + [0] * 3,  # 美, bound by an earlier helper
+        104: [0xF1, 0xD1, 0xF1, 0xD1, 0, 0, 0],  # a real ñ/Ñ key: not ours
+    }
+    injector = helper.Injector(FakeX11(table))
+    assert injector.spare == [100, 101, 102, 103]
+    # Ñ has a real key (104, second level): the old binding of it is simply free again.
+    assert dict(injector.bound) == {0x01007F8E: 103}
+    assert injector.free == [100, 101, 102]
+    assert injector.on_map[0xF1] == (104, False) and 0x01007F8E not in injector.on_map
+    assert injector.on_map[0xD1] == (104, True)  # the real key's second level wins

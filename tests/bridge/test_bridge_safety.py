@@ -215,6 +215,17 @@ def test_typed_characters_are_rate_limited(hardened: TestClient) -> None:
         assert reply["error"]["code"] == "rate_limited"
 
 
+def test_refused_text_does_not_use_up_the_typed_characters_limit(hardened: TestClient) -> None:
+    sid = _create(hardened)["id"]
+    with hardened.websocket_connect(f"/v1/sessions/{sid}/ws") as ws:
+        # Refused before anything is typed (no key on the US layout, no guest helper in
+        # this fake image): the 100 characters are given back...
+        reply = _ask(ws, {"id": 1, "action": "type", "text": "ñ" * 100})
+        assert reply["error"]["code"] == "untypeable_text"
+        # ...so a text the agent sends next is not rate limited.
+        assert _ask(ws, {"id": 2, "action": "type", "text": "ok"})["ok"] is True
+
+
 def test_oversized_client_is_closed_and_other_sessions_carry_on(client: TestClient) -> None:
     big, other = _create(client)["id"], _create(client)["id"]
     with client.websocket_connect(f"/v1/sessions/{big}/ws") as ws:

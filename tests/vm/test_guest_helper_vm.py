@@ -57,3 +57,11 @@ def test_non_us_text_reaches_the_shell_and_a_failed_request_never_runs_later(
     s.type("echo Ñ-again > /dev/ttyS1\n")
     lines = wait_for_line(s, "Ñ-again")
     assert "Ñ-again" in lines, lines[-5:]
+
+    # 6. Killed, it is started again, takes back the keycodes the first one bound (Ñ, ú,
+    #    美, 国, ...) and types with them.
+    s.type("pkill -KILL -f deskvm-helper\n")
+    time.sleep(4.0)
+    s.type("echo Ñandú-美国-restarted > /dev/ttyS1\n")
+    lines = wait_for_line(s, "Ñandú-美国-restarted")
+    assert "Ñandú-美国-restarted" in lines, lines[-5:]

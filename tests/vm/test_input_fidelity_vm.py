@@ -517,6 +517,24 @@ def test_vendor_horizontal_scroll(probe: Probe, vocab: str) -> None:
     assert wheels == [("horizontal", "left", CX - 150, CY + 180)] * 2
 
 
+@pytest.mark.parametrize("mods", ["alt", "ctrl+alt", "alt+shift"])
+def test_modified_clicks_and_wheel_reach_the_application(probe: Probe, mods: str) -> None:
+    """The window manager grabs no modified button or wheel (openbox's stock Alt bindings
+    would swallow alt+click and alt+scroll before the application saw them)."""
+    want = {"alt": {"alt"}, "ctrl+alt": {"control", "alt"}, "alt+shift": {"alt", "shift"}}[mods]
+    s = probe.vocab("computer_20250124")
+    since = probe.mark()
+    s.request({"action": "scroll", "coordinate": [CX + 120, CY + 160],
+               "scroll_direction": "down", "scroll_amount": 2, "text": mods})  # fmt: skip
+    s.request({"action": "left_click", "coordinate": [CX + 120, CY + 160], "text": mods})
+    events = probe.wait(since, lambda ev: bool(_releases(ev)))
+    wheels = [(e["axis"], e["direction"]) for e in events if e["ev"] == "wheel"]
+    assert wheels == [("vertical", "down")] * 2, events[-6:]
+    assert all(want <= set(e["modifiers"]) for e in events if e["ev"] == "wheel")
+    (press,) = _presses(events)
+    assert want <= set(press["modifiers"]), press
+
+
 # --- last: alt+F4 closes the probe (openbox binds A-F4 to Close) ----------------------------
 
 
