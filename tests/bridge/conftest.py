@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -18,6 +20,20 @@ from orchestrator.settings import Settings
 from orchestrator.spec import BootImage
 
 TOKEN = "test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def create_session(client: TestClient, **body: Any) -> dict[str, Any]:
+    """POST /v1/sessions with ``body``; asserts 201 and returns the session JSON."""
+    response = client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """Send one WebSocket message and return the reply."""
+    ws.send_text(json.dumps(message))
+    return ws.receive_json()  # type: ignore[no-any-return]
 IMAGE = "test-desktop"
 
 

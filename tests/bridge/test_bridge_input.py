@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-from typing import Any
 
 import pytest
+from conftest import ask as _ask
+from conftest import create_session as _create
 from fastapi.testclient import TestClient
 from PIL import Image
 from starlette.websockets import WebSocketDisconnect
 
 from orchestrator.display.base import AbsMove
 from orchestrator.hypervisor.fake import FakeHypervisor
-
-
-def _create(client: TestClient, **body: Any) -> dict[str, Any]:
-    response = client.post("/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()  # type: ignore[no-any-return]
-
-
-def _ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
-    ws.send_text(json.dumps(message))
-    return ws.receive_json()  # type: ignore[no-any-return]
 
 
 def test_autostart_input_probe_is_passed_and_ready_on_probe_ready(

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import IMAGE, TOKEN
+from conftest import AUTH, IMAGE, TOKEN
+from conftest import ask as _ask
+from conftest import create_session as _create
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
@@ -20,19 +22,6 @@ from agent_bridge.tokens import TokenAuthority
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.manager import CLOSED_DOMAIN_STOPPED, CLOSED_IDLE, CLOSED_TTL, SessionManager
 from orchestrator.settings import Settings
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def _create(client: TestClient, **body: Any) -> dict[str, Any]:
-    response = client.post("/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()  # type: ignore[no-any-return]
-
-
-def _ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
-    ws.send_text(json.dumps(message))
-    return ws.receive_json()  # type: ignore[no-any-return]
 
 
 def _mint(client: TestClient, sid: str, scope: str, **extra: Any) -> dict[str, Any]:

@@ -8,7 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from conftest import IMAGE, TOKEN
+from conftest import AUTH, IMAGE, TOKEN
+from conftest import ask as _ask
+from conftest import create_session as _create
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -18,20 +20,6 @@ from agent_bridge.server import MAX_MESSAGE_BYTES, create_app
 from orchestrator.errors import ConfigError
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.manager import SessionManager
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def _create(client: TestClient, **body: Any) -> dict[str, Any]:
-    response = client.post("/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()  # type: ignore[no-any-return]
-
-
-def _ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
-    ws.send_text(json.dumps(message))
-    return ws.receive_json()  # type: ignore[no-any-return]
-
 
 # --- REST --------------------------------------------------------------------------------
 
