@@ -23,6 +23,11 @@ MODULES = [
     "orchestrator.hypervisor.fake",
     "orchestrator.hypervisor.domain_xml",
     "agent_bridge.protocol",
+    "agent_bridge.server",
+    "agent_bridge.server.app",
+    "agent_bridge.server.deps",
+    "agent_bridge.server.models",
+    "agent_bridge.server.sockets",
 ]
 
 
@@ -47,3 +52,11 @@ def test_protocol_exports() -> None:
     import agent_bridge.protocol as protocol
 
     assert {"Action", "parse_deskvm_action", "decode_envelope", "KeyCombo"} <= set(protocol.__all__)
+
+
+def test_bridge_server_keeps_its_public_import_path() -> None:
+    """The CLI, the pytest plugin, benchmarks and users import these from the package."""
+    import agent_bridge.server as server
+
+    needed = {"create_app", "run_server", "MAX_MESSAGE_BYTES", "STATUS_BY_CODE", "SessionInfo"}
+    assert needed <= set(server.__all__)

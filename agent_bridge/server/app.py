@@ -1,0 +1,177 @@
+"""The bridge application, assembled: state, error handlers, lifespan, routers.
+
+Everything a route needs lives on ``app.state.bridge`` (a
+:class:`~agent_bridge.server.state.BridgeState`) and reaches it through
+:mod:`agent_bridge.server.deps`; the routers are in :mod:`agent_bridge.server.routers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio.to_thread
+from fastapi import FastAPI
+
+from agent_bridge.server.deps import server_token
+from agent_bridge.server.errors import install_error_handlers
+from agent_bridge.server.ratelimit import RateLimits
+from agent_bridge.server.routers import actions, approvals, health, network, sessions, tokens
+from agent_bridge.server.sockets import MAX_MESSAGE_BYTES
+from agent_bridge.server.state import BridgeState
+from agent_bridge.tokens import TokenAuthority
+from agent_bridge.viewer import replay_router
+from orchestrator.approval import ApprovalDesk
+from orchestrator.errors import ConfigError, DeskvmError
+from orchestrator.manager import SessionManager
+from orchestrator.settings import Settings
+
+__all__ = ["create_app", "run_server"]
+
+log = logging.getLogger("deskvm.bridge")
+
+
+def create_app(
+    manager: SessionManager,
+    *,
+    token: str,
+    settings: Settings | None = None,
+    authority: TokenAuthority | None = None,
+    desk: ApprovalDesk | None = None,
+) -> FastAPI:
+    """The bridge's ASGI application.
+
+    Args:
+        manager: creates, finds and deletes sessions (its hypervisor decides real or fake).
+        token: the server's admin bearer token: every REST call (except ``/healthz`` and
+            the OpenAPI pages) and every WebSocket must present it or a session token it
+            minted. Compared in constant time; never logged.
+        settings: supplies ``default_image``, ``boot_timeout_s``, default limits, token
+            lifetimes, the Origin allowlist, rate limits and the sweep interval (default:
+            :class:`~orchestrator.settings.Settings` defaults).
+        authority: mints and verifies session tokens (default: a fresh random secret).
+        desk: where actions held for approval wait (default: a new one).
+
+    Returns:
+        A FastAPI app. Its lifespan runs ``manager.sweep`` (TTL, idle timeout, reaper) at
+        start and every ``settings.sweep_interval_s`` in a background thread, and closes
+        every live session (``manager.close_all``) on shutdown.
+
+    Raises:
+        ConfigError: ``token`` is empty.
+    """
+    if not token:
+        raise ConfigError("the bridge needs a non-empty bearer token")
+    settings = settings or Settings()
+    state = BridgeState(
+        manager=manager,
+        settings=settings,
+        admin_token=token,
+        authority=authority
+        or TokenAuthority(default_ttl_s=settings.token_ttl_s, max_ttl_s=settings.token_max_ttl_s),
+        desk=desk or ApprovalDesk(),
+        limits=RateLimits(settings.max_actions_per_s, settings.max_typed_chars_per_s),
+    )
+    app = FastAPI(
+        title="deskvm bridge",
+        version="1",
+        summary="Disposable desktop VMs for computer-use agents.",
+        description="REST for sessions; actions over the WebSocket "
+        "`/v1/sessions/{id}/ws` (see docs/protocol.md).",
+        lifespan=_lifespan,
+    )
+    app.state.bridge = state
+    install_error_handlers(app)
+
+    # The browser replay viewer over this server's recordings (agent_bridge/viewer.py).
+    def recordings() -> list[tuple[str, Path]]:
+        root = manager.recordings_dir
+        return sorted((p.name, p) for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+    app.include_router(
+        replay_router(
+            lambda name: manager.recordings_dir / name,
+            recordings,
+            data_dependencies=[server_token],
+        )
+    )
+    for module in (health, sessions, tokens, approvals, network, actions):
+        app.include_router(module.router)
+    return app
+
+
+def _sweep_once(manager: SessionManager) -> None:
+    try:
+        expired, reaped = manager.sweep()
+    except Exception:
+        log.exception("session sweep failed")
+        return
+    for session_id in expired:
+        with contextlib.suppress(DeskvmError):
+            log.info("session %s ended: %s", session_id, manager.get(session_id).closed_reason)
+    if reaped:
+        log.warning("reaped leftovers of unknown sessions: %s", ", ".join(reaped))
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Sweep sessions (TTL, idle, leftovers) while serving; close them all at shutdown."""
+    state: BridgeState = app.state.bridge
+    manager = state.manager
+    stop = threading.Event()
+
+    def sweeper() -> None:
+        while not stop.wait(state.settings.sweep_interval_s):
+            _sweep_once(manager)
+
+    await anyio.to_thread.run_sync(lambda: _sweep_once(manager))
+    thread = threading.Thread(target=sweeper, name="deskvm-sweeper", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        await anyio.to_thread.run_sync(lambda: thread.join(timeout=30))
+        errors = await anyio.to_thread.run_sync(
+            lambda: manager.close_all(reason="server shutdown")
+        )
+        for error in errors:
+            log.error("teardown at shutdown failed: %s", error)
+
+
+def run_server(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    log_level: str = "info",
+    graceful_timeout_s: float = 10.0,
+) -> None:
+    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, then shut down gracefully.
+
+    Open WebSockets are closed by uvicorn, in-flight requests get ``graceful_timeout_s``
+    seconds, then the app's lifespan closes every live session (domains destroyed,
+    overlays deleted; recordings kept).
+
+    Args:
+        app: from :func:`create_app`.
+        host: interface to bind (default loopback only).
+        port: TCP port; 0 picks a free one.
+        log_level: uvicorn's log level.
+        graceful_timeout_s: seconds in-flight requests may take at shutdown.
+    """
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        ws_max_size=MAX_MESSAGE_BYTES,
+        timeout_graceful_shutdown=int(graceful_timeout_s),
+    )
+    uvicorn.Server(config).run()

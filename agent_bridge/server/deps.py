@@ -1,0 +1,172 @@
+"""Shared FastAPI dependencies: the app's state, who is asking, and the session asked about.
+
+- :data:`Bridge` — the app's :class:`~agent_bridge.server.state.BridgeState`.
+- :data:`server_token` — ``dependencies=[server_token]`` on routes that need the server's
+  admin token itself (create/list sessions, recordings).
+- :data:`ViewPrincipal`, :data:`ControlPrincipal`, :data:`AdminPrincipal` — routes under
+  ``/v1/sessions/{session_id}``: the admin token, or a session token *for that session* with
+  at least that scope (``Depends(SessionGuard(scope))`` when the principal itself is unused).
+- :data:`SessionDep` — the session named by the ``session_id`` path parameter (404
+  ``session_not_found``). Declare it after the principal so credentials are checked first.
+- :data:`BaseUrl` — the server's base URL as the client reached it.
+
+Tokens are read from the ``Authorization`` header only, never from the URL.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
+
+from agent_bridge.server.state import BridgeState
+from agent_bridge.tokens import Claims, Scope, TokenAuthority, TokenError
+from orchestrator.session import Session
+
+__all__ = [
+    "ADMIN",
+    "AdminPrincipal",
+    "BaseUrl",
+    "Bridge",
+    "ControlPrincipal",
+    "Principal",
+    "SessionDep",
+    "SessionGuard",
+    "ViewPrincipal",
+    "authorize",
+    "get_bridge",
+    "server_token",
+    "token_ok",
+]
+
+_BEARER = HTTPBearer(auto_error=False, description="the server's token (see `deskvm serve`)")
+
+
+def get_bridge(connection: HTTPConnection) -> BridgeState:
+    """The app's state (``app.state.bridge``); works for HTTP and WebSocket routes."""
+    state: BridgeState = connection.app.state.bridge
+    return state
+
+
+Bridge = Annotated[BridgeState, Depends(get_bridge)]
+
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url)
+
+
+BaseUrl = Annotated[str, Depends(_base_url)]
+
+
+def token_ok(offered: str | None, token: str) -> bool:
+    """Constant-time comparison of a presented credential with ``token``."""
+    if offered is None:
+        return False
+    return hmac.compare_digest(offered.encode("utf-8"), token.encode("utf-8"))
+
+
+async def _require_server_token(
+    request: Request,
+    bridge: Bridge,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+) -> None:
+    """The request must carry ``Authorization: Bearer <the server's token>``.
+
+    Raises: ``HTTPException`` 401 ``unauthorized`` (with ``WWW-Authenticate``).
+    """
+    offered = None if credentials is None else credentials.credentials
+    if token_ok(offered, bridge.admin_token):
+        return
+    hint = "send 'Authorization: Bearer <token>'"
+    if any(k in request.query_params for k in ("token", "access_token")):
+        hint += "; tokens in the URL are never accepted"
+    raise StarletteHTTPException(
+        401,
+        detail=f"missing or wrong bearer token: {hint}",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+server_token = Depends(_require_server_token)
+"""Route dependency: the server's admin token (``dependencies=[server_token]``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who made a request: the server's admin token or a scoped session token.
+
+    Attributes:
+        who: ``"admin"`` or ``"token:<token_id>"`` (safe to log and record).
+        scope: what it may do.
+        claims: the verified session token; ``None`` for the admin token.
+    """
+
+    who: str
+    scope: Scope
+    claims: Claims | None
+
+
+ADMIN = Principal("admin", "admin", None)
+"""The server's admin token as a principal."""
+
+
+def authorize(
+    offered: str | None,
+    admin_token: str,
+    authority: TokenAuthority,
+    session_id: str,
+    need: Scope,
+    *,
+    use: bool = False,
+) -> Principal:
+    """The principal behind ``offered`` for a request on ``session_id`` needing ``need``.
+
+    Args:
+        use: consume a single-use token (WebSocket connections).
+
+    Raises:
+        TokenError: ``unauthorized`` or ``forbidden``.
+    """
+    if offered is None:
+        raise TokenError("missing bearer token: send 'Authorization: Bearer <token>'")
+    if token_ok(offered, admin_token):
+        return ADMIN
+    claims = authority.verify(offered, session_id=session_id, need=need, use=use)
+    return Principal(f"token:{claims.token_id}", claims.scope, claims)
+
+
+class SessionGuard:
+    """Dependency for ``/v1/sessions/{session_id}/...``: the admin token, or a session
+    token for that session with at least scope ``need``. Tokens in the URL are never read.
+    """
+
+    def __init__(self, need: Scope) -> None:
+        self._need = need
+
+    async def __call__(
+        self,
+        session_id: str,
+        bridge: Bridge,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    ) -> Principal:
+        """Raises: TokenError: 401 ``unauthorized``, 403 ``forbidden``."""
+        offered = None if credentials is None else credentials.credentials
+        return authorize(offered, bridge.admin_token, bridge.authority, session_id, self._need)
+
+
+ViewPrincipal = Annotated[Principal, Depends(SessionGuard("view"))]
+ControlPrincipal = Annotated[Principal, Depends(SessionGuard("control"))]
+AdminPrincipal = Annotated[Principal, Depends(SessionGuard("admin"))]
+
+
+def _lookup_session(session_id: str, bridge: Bridge) -> Session:
+    """Raises: SessionNotFound: 404 ``session_not_found``."""
+    return bridge.manager.get(session_id)
+
+
+SessionDep = Annotated[Session, Depends(_lookup_session)]

@@ -1,0 +1,77 @@
+"""The approval gate: hold an action for an operator when the session's policy says so."""
+
+from __future__ import annotations
+
+import contextlib
+
+from agent_bridge.protocol.actions import Action, Screenshot, action_name, action_to_dict
+from agent_bridge.protocol.results import ImageResult
+from orchestrator.approval import ApprovalDenied, ApprovalDesk, ApprovalPolicy, ApprovalTimeout
+from orchestrator.errors import DeskvmError
+from orchestrator.session import Session
+
+__all__ = ["gate"]
+
+
+def gate(
+    session: Session, action: Action, policy: ApprovalPolicy | None, desk: ApprovalDesk
+) -> None:
+    """Hold ``action`` for an operator if ``policy`` says so; return only if approved.
+
+    Blocking (call it from a worker thread). The request (with the frame the operator sees)
+    and the decision (with who decided) are appended to the session's recording.
+
+    Raises:
+        ApprovalDenied: an operator denied it (or the session ended meanwhile).
+        ApprovalTimeout: nobody decided before ``policy.timeout_s``.
+    """
+    reason = policy.reason(action) if policy is not None else None
+    if reason is None or policy is None:
+        return
+    frame, frame_seq = b"", None
+    with contextlib.suppress(DeskvmError):
+        shot = session.execute(Screenshot(), source="system")
+        if isinstance(shot, ImageResult):
+            frame, frame_seq = shot.data, shot.frame_seq
+    item = desk.file(session.id, action, reason, timeout_s=policy.timeout_s, frame_png=frame)
+    session.recorder.append(
+        "approval",
+        {
+            "event": "requested",
+            "pending_id": item.pending_id,
+            "action": action_to_dict(action),
+            "reason": reason,
+            "frame_seq": frame_seq,
+            "timeout_s": policy.timeout_s,
+        },
+        source="agent",
+    )
+    desk.wait(item, still_wanted=lambda: session.state == "ready")
+    by = item.decided_by or "unknown"
+    try:
+        session.recorder.append(
+            "approval",
+            {
+                "event": "decided",
+                "pending_id": item.pending_id,
+                "decision": item.decision,
+                "by": by,
+            },
+            source="system" if by in ("timeout", "session ended") else "human",
+        )
+    except DeskvmError:
+        # Deleting a session denies its pending actions and then seals the recording; the
+        # waiter may wake after the seal. The denial stands; only a live session's
+        # recorder failure is an error.
+        if session.state == "ready":
+            raise
+    if item.decision == "approve":
+        return
+    if by == "timeout":
+        raise ApprovalTimeout(
+            f"no operator approved {action_name(action)} ({reason}) within"
+            f" {policy.timeout_s:g} s; it was not executed"
+        )
+    raise ApprovalDenied(
+        f"{action_name(action)} ({reason}) was denied by {by}; it was not executed"
+    )

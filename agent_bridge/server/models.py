@@ -1,0 +1,369 @@
+"""The bridge's wire models: pydantic bodies and replies of the REST API (the HTTP edge).
+
+Request bodies are strict (``extra="forbid"``, no type coercion): an unknown or mistyped
+field answers 422 ``invalid_request`` naming it. Replies are built from orchestrator values
+by the ``of`` class methods; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_bridge.protocol.actions import action_to_dict
+from agent_bridge.tokens import Claims
+from orchestrator.approval import ApprovalPolicy, PendingAction
+from orchestrator.session import Session
+from orchestrator.spec import MAX_DISPLAY_PX, MAX_EGRESS_ENTRIES, MIN_DISPLAY_PX
+
+__all__ = [
+    "ApprovalPolicyModel",
+    "CreateSessionRequest",
+    "CursorModel",
+    "DecisionRequest",
+    "DisplayModel",
+    "EgressInfo",
+    "EgressRequest",
+    "ErrorBody",
+    "ErrorDetail",
+    "HealthResponse",
+    "LimitsModel",
+    "MintTokenRequest",
+    "NetworkDecisionModel",
+    "PendingInfo",
+    "SessionInfo",
+    "TokenInfo",
+    "ws_base",
+]
+
+_IMAGE_NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class DisplayModel(_Strict):
+    """Guest screen size in pixels (origin top-left); width a multiple of 8."""
+
+    width: int = Field(1280, ge=MIN_DISPLAY_PX, le=MAX_DISPLAY_PX, description="pixels")
+    height: int = Field(800, ge=MIN_DISPLAY_PX, le=MAX_DISPLAY_PX, description="pixels")
+
+
+class ApprovalPolicyModel(_Strict):
+    """Which actions wait for an operator (see ``orchestrator.approval.ApprovalPolicy``)."""
+
+    every_action: bool = Field(False, description="supervised mode: hold every action")
+    kinds: list[str] = Field(default_factory=list, description="action names to hold")
+    key_combos: list[str] = Field(
+        default_factory=list, description="key combos to hold, e.g. 'ctrl+alt+delete'"
+    )
+    text_patterns: list[str] = Field(
+        default_factory=list, description="regular expressions on typed text (re.search)"
+    )
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds to decide; then deny")
+    include_observations: bool = Field(
+        False, description="supervised mode also holds screenshot/zoom/cursor_position"
+    )
+
+    def to_policy(self) -> ApprovalPolicy:
+        """Raises: ConfigError: bad combo or pattern."""
+        return ApprovalPolicy(
+            every_action=self.every_action,
+            kinds=tuple(self.kinds),
+            key_combos=tuple(self.key_combos),
+            text_patterns=tuple(self.text_patterns),
+            timeout_s=self.timeout_s,
+            include_observations=self.include_observations,
+        )
+
+    @classmethod
+    def of(cls, policy: ApprovalPolicy) -> ApprovalPolicyModel:
+        return cls(
+            every_action=policy.every_action,
+            kinds=list(policy.kinds),
+            key_combos=list(policy.key_combos),
+            text_patterns=list(policy.text_patterns),
+            timeout_s=policy.timeout_s,
+            include_observations=policy.include_observations,
+        )
+
+
+class LimitsModel(BaseModel):
+    """Host-enforced limits of a session."""
+
+    memory_hard_limit_mib: int = Field(description="guest RAM + QEMU overhead, cgroup max")
+    cpu_quota_pct: int | None = Field(description="percent of one host core; null: none")
+    disk_mib: int | None = Field(description="guest disk cap; null: the image's size")
+    ttl_s: float | None = Field(description="maximum lifetime, seconds")
+    idle_timeout_s: float | None = Field(description="idle timeout, seconds")
+
+
+class MintTokenRequest(_Strict):
+    """Body of ``POST /v1/sessions/{id}/tokens``."""
+
+    scope: Literal["view", "control", "admin"] = Field(
+        description="view: frames only; control: actions; admin: lifecycle and policy"
+    )
+    ttl_s: float | None = Field(None, gt=0, description="lifetime, seconds; default 900")
+    single_use: bool = Field(False, description="valid for one WebSocket connection only")
+
+
+class TokenInfo(BaseModel):
+    """A minted token (the ``token`` itself is shown only once, in the mint response)."""
+
+    token: str | None = Field(None, description="the bearer credential; only when minted")
+    token_id: str = Field(description="handle for revocation (safe to log)")
+    session_id: str
+    scope: Literal["view", "control", "admin"]
+    expires_at: datetime = Field(description="UTC")
+    single_use: bool
+
+    @classmethod
+    def of(cls, claims: Claims, token: str | None = None) -> TokenInfo:
+        """The reply for ``claims``; ``token`` only in the mint response."""
+        return cls(
+            token=token,
+            token_id=claims.token_id,
+            session_id=claims.session_id,
+            scope=claims.scope,
+            expires_at=datetime.fromtimestamp(claims.expires_at, UTC),
+            single_use=claims.single_use,
+        )
+
+
+class PendingInfo(BaseModel):
+    """An action held for an operator's decision."""
+
+    pending_id: str
+    session_id: str
+    action: dict[str, Any] = Field(description="the held action, deskvm form")
+    reason: str = Field(description="which rule held it")
+    seconds_left: float = Field(description="until it is denied automatically")
+    frame_url: str = Field(description="PNG of the screen when it was held")
+
+    @classmethod
+    def of(cls, item: PendingAction, base_url: str) -> PendingInfo:
+        """The reply for a held action; ``base_url`` is the server's (for ``frame_url``)."""
+        left_s = max(0.0, (item.deadline_ns - time.monotonic_ns()) / 1e9)
+        return cls(
+            pending_id=item.pending_id,
+            session_id=item.session_id,
+            action=action_to_dict(item.action),
+            reason=item.reason,
+            seconds_left=round(left_s, 3),
+            frame_url=f"{base_url.rstrip('/')}/v1/sessions/{item.session_id}/pending/"
+            f"{item.pending_id}/frame",
+        )
+
+
+class DecisionRequest(_Strict):
+    """Body of ``POST /v1/sessions/{id}/pending/{pending_id}``."""
+
+    decision: Literal["approve", "deny"]
+
+
+class EgressRequest(_Strict):
+    """The session's egress policy: what the guest may reach (everything else is dropped)."""
+
+    allow: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_EGRESS_ENTRIES,
+        description=(
+            "entries: CIDR[:port] (e.g. 198.51.100.0/24:443) or a domain (example.org, "
+            "*.example.org, optionally :port); [] gives a NIC that reaches nothing"
+        ),
+    )
+
+
+class CreateSessionRequest(_Strict):
+    """Body of ``POST /v1/sessions``; every field is optional."""
+
+    image: str | None = Field(
+        None,
+        pattern=_IMAGE_NAME_RE,
+        description="built image name; default: the server's default image",
+    )
+    display: DisplayModel = Field(default_factory=lambda: DisplayModel(width=1280, height=800))
+    memory_mib: int = Field(2048, ge=256, le=65536, description="guest RAM, MiB")
+    vcpus: int = Field(2, ge=1, le=16, description="virtual CPUs")
+    boot_timeout_s: float | None = Field(
+        None, gt=0, le=3600, description="seconds until the desktop must be drawn"
+    )
+    cpu_quota_pct: int | None = Field(
+        None,
+        ge=1,
+        le=1600,
+        description="host CPU the domain may use, percent of one core (<= 100 * vcpus);"
+        " null: no quota",
+    )
+    disk_mib: int | None = Field(
+        None,
+        ge=256,
+        le=1024 * 1024,
+        description="guest disk cap, MiB (>= the image's size); null: the image's size",
+    )
+    ttl_s: float | None = Field(
+        None, gt=0, le=7 * 86400, description="maximum lifetime, seconds; default: server's"
+    )
+    idle_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=7 * 86400,
+        description="end after this many seconds without an action; default: server's",
+    )
+    approval: ApprovalPolicyModel | None = Field(
+        None, description="actions held for an operator's approval; null: none"
+    )
+    autostart: Literal["input-probe"] | None = Field(
+        None,
+        description="what the guest starts instead of the xterm: 'input-probe' (a full-screen"
+        " app reporting every input as JSON lines on the guest log; the session is ready once"
+        " it reports probe_ready); null: the xterm",
+    )
+    egress: EgressRequest | None = Field(
+        None,
+        description="network allowlist; absent or null: the guest has no network device",
+    )
+
+
+class EgressInfo(BaseModel):
+    """A session's network: its policy and where the guest sits (null: no NIC)."""
+
+    allow: list[str]
+    bridge: str | None = Field(description="host bridge (dvm<id>) once attached")
+    guest_ip: str | None = Field(description="IPv4 the guest gets by DHCP")
+    gateway_ip: str | None = Field(description="bridge address: the guest's router and DNS")
+
+    @classmethod
+    def of(cls, session: Session) -> EgressInfo | None:
+        """The session's network, or ``None`` when it has no egress policy (no NIC)."""
+        policy = session.spec.egress
+        if policy is None:
+            return None
+        attachment = session.egress_attachment
+        return cls(
+            allow=list(policy.allow),
+            bridge=attachment.bridge if attachment else None,
+            guest_ip=attachment.guest_ip if attachment else None,
+            gateway_ip=attachment.gateway_ip if attachment else None,
+        )
+
+
+class NetworkDecisionModel(BaseModel):
+    """One egress decision (``GET /v1/sessions/{id}/network``)."""
+
+    ts_ns: int = Field(description="CLOCK_MONOTONIC ns of the server host when decided")
+    kind: Literal["dns_answered", "dns_refused", "conn_allowed", "conn_dropped"]
+    reason: str
+    protocol: str = Field(description="tcp, udp, icmp, ipv6, arp, ether:0x..., or dns")
+    src: str | None
+    src_port: int | None
+    dst: str | None
+    dst_port: int | None
+    query: str | None = Field(description="DNS decisions: the name asked")
+    qtype: str | None
+    answers: list[str]
+
+
+class CursorModel(BaseModel):
+    """Pointer position as last placed by the host, display pixels."""
+
+    x: int
+    y: int
+
+
+class SessionInfo(BaseModel):
+    """A session as the REST API shows it."""
+
+    id: str
+    state: Literal["new", "starting", "ready", "closing", "closed", "failed"]
+    ws_url: str = Field(description="WebSocket URL for actions (add ?schema=... if needed)")
+    image: str
+    display: DisplayModel
+    memory_mib: int
+    vcpus: int
+    accel: str
+    created_at: datetime | None = Field(description="UTC, when the server registered it")
+    ready_at: datetime | None = Field(description="UTC, when the desktop was first drawn")
+    boot_s: float | None = Field(description="seconds from domain start to ready")
+    recording: str | None = Field(description="recording bundle directory (kept after end)")
+    cursor: CursorModel
+    closed_reason: str | None
+    limits: LimitsModel | None = None
+    autostart: str | None = Field(None, description="what the guest started instead of the xterm")
+    egress: EgressInfo | None = Field(None, description="null: no network device at all")
+
+    @classmethod
+    def of(
+        cls,
+        session: Session,
+        *,
+        base_url: str,
+        accel: str,
+        created_at: datetime | None,
+        ready_at: datetime | None,
+    ) -> SessionInfo:
+        """The REST view of ``session``; ``base_url`` is the server's (for ``ws_url``)."""
+        spec = session.spec
+        path = session.recorder.path
+        x, y = session.cursor
+        return cls(
+            id=session.id,
+            state=session.state,
+            ws_url=f"{ws_base(base_url.rstrip('/'))}/v1/sessions/{session.id}/ws",
+            image=spec.image.name,
+            display=DisplayModel(width=spec.display.width_px, height=spec.display.height_px),
+            memory_mib=spec.memory_mib,
+            vcpus=spec.vcpus,
+            accel=accel,
+            created_at=created_at,
+            ready_at=ready_at,
+            boot_s=round(session.boot_s, 3) if session.boot_s is not None else None,
+            recording=str(path) if path is not None else None,
+            cursor=CursorModel(x=x, y=y),
+            closed_reason=session.closed_reason,
+            autostart=spec.autostart,
+            limits=LimitsModel(
+                memory_hard_limit_mib=spec.memory_mib + spec.memory_overhead_mib,
+                cpu_quota_pct=spec.cpu_quota_pct,
+                disk_mib=spec.disk_mib,
+                ttl_s=spec.ttl_s,
+                idle_timeout_s=spec.idle_timeout_s,
+            ),
+            egress=EgressInfo.of(session),
+        )
+
+
+class HealthResponse(BaseModel):
+    """``GET /healthz``."""
+
+    ok: bool
+    sessions: int = Field(description="live sessions (starting or ready)")
+
+
+class ErrorDetail(BaseModel):
+    """The ``error`` object of every error body."""
+
+    code: str
+    message: str
+    console_tail: str | None = Field(None, description="boot_timeout only: guest console tail")
+    details: list[Any] | None = Field(None, description="invalid_request only: field errors")
+
+
+class ErrorBody(BaseModel):
+    """Every REST error answers ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+def ws_base(url: str) -> str:
+    """``http(s)://...`` -> ``ws(s)://...`` (other URLs unchanged)."""
+    if url.startswith("https://"):
+        return "wss://" + url.removeprefix("https://")
+    if url.startswith("http://"):
+        return "ws://" + url.removeprefix("http://")
+    return url

@@ -1,0 +1,373 @@
+"""The action WebSocket ``/v1/sessions/{id}/ws``: one request in, one reply out, in order.
+
+Query parameters: ``schema`` (action vocabulary, default ``deskvm``), ``on_disconnect``
+(``keep`` or ``delete``), ``scale_to=WxH`` or ``max_long_edge=N`` (screenshot scaling; the
+client's coordinates are then in that space). Requests are parsed by the pure
+:mod:`agent_bridge.protocol` layer, checked against the token's scope, the session's rate
+limits and approval policy, and executed by :meth:`orchestrator.session.Session.execute` in
+a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, WebSocket
+from PIL import Image
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from agent_bridge.protocol.actions import Action, CursorPosition, Screenshot, Type, Zoom
+from agent_bridge.protocol.messages import ClientId, decode_envelope, encode_error, encode_result
+from agent_bridge.protocol.results import CursorResult, ImageResult, Result
+from agent_bridge.protocol.scaling import Scaler, scale_action
+from agent_bridge.server.deps import ADMIN, Bridge, Principal
+from agent_bridge.server.gate import gate
+from agent_bridge.server.ratelimit import RateLimits
+from agent_bridge.server.sockets import (
+    CLOSE_GOING_AWAY,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_SESSION_NOT_FOUND,
+    CLOSE_TRY_AGAIN_LATER,
+    MAX_MESSAGE_BYTES,
+    SUBPROTOCOL,
+    close_reason,
+    offered_subprotocols,
+    ws_principal,
+)
+from agent_bridge.server.state import BridgeState
+from agent_bridge.server.vocabulary import Vocabulary, load_vocabulary
+from agent_bridge.tokens import TokenError, scope_allows
+from orchestrator.errors import (
+    ActionError,
+    DeskvmError,
+    ProtocolError,
+    SessionClosed,
+    SessionNotFound,
+)
+from orchestrator.session import Session, SessionState, encode_png
+from orchestrator.spec import MAX_DISPLAY_PX
+
+__all__ = ["router"]
+
+log = logging.getLogger("deskvm.bridge")
+
+router = APIRouter(tags=["actions"])
+
+_STATE_POLL_S = 0.2
+_ENDED: frozenset[SessionState] = frozenset({"closing", "closed", "failed"})
+_OBSERVATIONS = (Screenshot, Zoom, CursorPosition)
+_FLOOD_STRIKES = 10
+"""Rate-limited messages in a row after which a WebSocket is closed (1008)."""
+
+
+@router.websocket("/v1/sessions/{session_id}/ws")
+async def session_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> None:
+    """Actions in, results out (see docs/protocol.md); view scope may only observe."""
+    principal = await ws_principal(websocket, bridge, session_id, "view")
+    if principal is None:
+        return
+    offered = offered_subprotocols(websocket)
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    policies, desk = bridge.policies, bridge.desk
+    connection = _Connection(websocket, bridge, session_id)
+    connection.principal = principal
+    connection.limits = bridge.limits
+    connection.gate = lambda session, action: gate(
+        session, action, policies.get(session.id), desk
+    )
+    await connection.run()
+
+
+class _Connection:
+    """One WebSocket connection to one session: read a request, run it, reply; in order."""
+
+    def __init__(self, websocket: WebSocket, bridge: BridgeState, session_id: str) -> None:
+        self.ws = websocket
+        self.bridge = bridge
+        self.manager = bridge.manager
+        self.session_id = session_id
+        self._send_lock = anyio.Lock()
+        self._closed = False
+        self.principal: Principal = ADMIN
+        self.limits: RateLimits | None = None
+        self.gate: Callable[[Session, Action], None] | None = None
+        self.scaler: Scaler | None = None
+        self._strikes = 0
+
+    async def _send(self, text: str) -> bool:
+        """Send one text message; ``False`` if the connection is gone."""
+        async with self._send_lock:
+            if self._closed:
+                return False
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self._closed = True
+                return False
+            return True
+
+    async def _close(self, code: int, reason: str) -> None:
+        async with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.ws.application_state != WebSocketState.DISCONNECTED:
+                with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                    await self.ws.close(code, reason=close_reason(reason))
+
+    async def _refuse(self, error: DeskvmError, close_code: int) -> None:
+        """Send one error reply (``id`` null) explaining why, then close."""
+        await self._send(encode_error(None, error))
+        await self._close(close_code, f"{error.code}: {error.message}")
+
+    async def run(self) -> None:
+        query = self.ws.query_params
+        on_disconnect = query.get("on_disconnect", "keep")
+        if on_disconnect not in ("keep", "delete"):
+            await self._refuse(
+                ProtocolError(
+                    f"on_disconnect must be 'keep' or 'delete', not {on_disconnect!r}",
+                    code="invalid_query",
+                ),
+                CLOSE_POLICY_VIOLATION,
+            )
+            return
+        try:
+            vocabulary = load_vocabulary(query.get("schema", "deskvm"))
+            session = self.manager.get(self.session_id)
+            self.scaler = _scaler_from_query(
+                query.get("scale_to"),
+                query.get("max_long_edge"),
+                session.spec.display.width_px,
+                session.spec.display.height_px,
+            )
+        except ProtocolError as exc:
+            await self._refuse(exc, CLOSE_POLICY_VIOLATION)
+            return
+        except SessionNotFound as exc:
+            await self._refuse(exc, CLOSE_SESSION_NOT_FOUND)
+            return
+        if session.state != "ready":
+            if session.state in ("new", "starting"):
+                await self._refuse(
+                    SessionClosed(
+                        f"session {session.id} is {session.state}; retry when ready",
+                        code="session_not_ready",
+                    ),
+                    CLOSE_TRY_AGAIN_LATER,
+                )
+            else:
+                await self._refuse(
+                    SessionClosed(f"session {session.id} is {session.state}"), CLOSE_GOING_AWAY
+                )
+            return
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_session, session, tg.cancel_scope)
+                try:
+                    await self._serve(session, vocabulary)
+                except Exception:
+                    log.exception("WebSocket of session %s failed", session.id)
+                    await self._close(1011, "internal_error")
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            # Shielded: a cancelled connection (server shutdown, test client exit) must still
+            # honour on_disconnect=delete.
+            with anyio.CancelScope(shield=True):
+                await self._close(1000, "bye")
+                if on_disconnect == "delete":
+                    await self.bridge.delete_quietly(session.id, "client disconnected")
+
+    async def _watch_session(self, session: Session, scope: anyio.CancelScope) -> None:
+        while session.state not in _ENDED:
+            await anyio.sleep(_STATE_POLL_S)
+        reason = session.closed_reason or session.state
+        await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
+        scope.cancel()
+
+    async def _serve(self, session: Session, vocabulary: Vocabulary) -> None:
+        while True:
+            message = await self.ws.receive()
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                self._closed = True
+                return
+            if kind != "websocket.receive":
+                continue
+            text: str | None = message.get("text")
+            if text is None:
+                size = len(message.get("bytes") or b"")
+                if size > MAX_MESSAGE_BYTES:
+                    await self._close(CLOSE_MESSAGE_TOO_BIG, "message_too_big")
+                    return
+                error = ProtocolError(
+                    "binary frames are not supported; send JSON text messages",
+                    code="binary_not_supported",
+                )
+                if not await self._send(encode_error(None, error)):
+                    return
+                continue
+            if len(text) > MAX_MESSAGE_BYTES // 4 and len(text.encode()) > MAX_MESSAGE_BYTES:
+                await self._close(
+                    CLOSE_MESSAGE_TOO_BIG, f"message_too_big: limit {MAX_MESSAGE_BYTES} bytes"
+                )
+                return
+            if not await self._send(await self._handle(session, vocabulary, text)):
+                return
+            if self._strikes >= _FLOOD_STRIKES:
+                log.warning("closing a flooding WebSocket of session %s", session.id)
+                await self._close(
+                    CLOSE_POLICY_VIOLATION, f"rate_limited: {_FLOOD_STRIKES} messages over limit"
+                )
+                return
+            if session.state in _ENDED:
+                reason = session.closed_reason or session.state
+                await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
+                return
+
+    async def _handle(self, session: Session, vocabulary: Vocabulary, text: str) -> str:
+        """One request in, one reply out (never raises for a bad request)."""
+        client_id: ClientId = None
+        try:
+            envelope = decode_envelope(text)
+            client_id = envelope.id
+            body = envelope.body
+            actions = vocabulary.parse(body)
+            if not scope_allows(self.principal.scope, "control") and not all(
+                isinstance(a, _OBSERVATIONS) for a in actions
+            ):
+                raise TokenError(
+                    "a view token may only observe (screenshot, zoom, cursor_position)",
+                    code="forbidden",
+                )
+            if self.limits is not None:
+                try:
+                    self.limits.check(session.id, actions)
+                except DeskvmError:
+                    self._strikes += 1
+                    raise
+            self._strikes = 0
+            # The recording keeps vendor-shaped requests as received; deskvm ones are the
+            # action itself.
+            raw = None if getattr(vocabulary, "name", "deskvm") == "deskvm" else body
+            gate_fn, scaler = self.gate, self.scaler
+            limits = self.limits
+            refund = None if limits is None else (lambda n: limits.refund(session.id, n))
+            result = await anyio.to_thread.run_sync(
+                lambda: _execute_all(
+                    session, actions, raw, vocabulary, body, gate_fn, scaler, refund=refund
+                )
+            )
+            return encode_result(client_id, result)
+        except DeskvmError as exc:
+            if client_id is None:
+                client_id = getattr(exc, "client_id", None)
+            return encode_error(client_id, exc)
+        except Exception:
+            log.exception("unexpected error handling a message for session %s", session.id)
+            return json.dumps(
+                {
+                    "id": client_id,
+                    "ok": False,
+                    "error": {"code": "internal_error", "message": "internal server error"},
+                }
+            )
+
+
+def _execute_all(
+    session: Session,
+    actions: Sequence[Action],
+    raw: Mapping[str, Any] | None,
+    vocabulary: Vocabulary,
+    body: Mapping[str, Any],
+    gate_fn: Callable[[Session, Action], None] | None = None,
+    scaler: Scaler | None = None,
+    refund: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    if scaler is not None:
+        # Client pixels -> display pixels, all before the first action runs, so a batch
+        # with a point outside the scaled screenshot runs nothing.
+        actions = [scale_action(a, scaler) for a in actions]
+    results = []
+    for i, action in enumerate(actions):
+        try:
+            if gate_fn is not None:
+                gate_fn(session, action)  # raises ApprovalDenied / ApprovalTimeout
+            result = session.execute(action, source="agent", raw=raw)
+        except DeskvmError as exc:
+            if refund is not None:
+                # Refused actions (ActionError: nothing injected) and those never reached
+                # give their typed characters back to the rate limit.
+                unrun = actions[i:] if isinstance(exc, ActionError) else actions[i + 1 :]
+                refund(sum(len(a.text) for a in unrun if isinstance(a, Type)))
+            raise
+        results.append(result if scaler is None else _scale_result(action, result, scaler))
+    return vocabulary.format_result(body, results)
+
+
+def _scaler_from_query(
+    scale_to: str | None, max_long_edge: str | None, width_px: int, height_px: int
+) -> Scaler | None:
+    """The connection's screenshot scaling from its URL query (``None``: no scaling).
+
+    ``scale_to=WxH`` sends screenshots of exactly ``W``x``H`` pixels; ``max_long_edge=N``
+    shrinks them (keeping the aspect ratio, never enlarging) so the long edge is at most
+    ``N`` pixels. Coordinates the client sends are then in that space.
+
+    Raises:
+        ProtocolError: code ``invalid_query`` (both given, malformed, out of range).
+    """
+    if scale_to is None and max_long_edge is None:
+        return None
+    if scale_to is not None and max_long_edge is not None:
+        raise ProtocolError(
+            "give scale_to=WxH or max_long_edge=N, not both", code="invalid_query"
+        )
+    lo, hi = 16, MAX_DISPLAY_PX
+    try:
+        if scale_to is not None:
+            w_text, sep, h_text = scale_to.partition("x")
+            if not sep or not w_text.isdigit() or not h_text.isdigit():
+                raise ValueError(scale_to)
+            size = (int(w_text), int(h_text))
+            if not all(lo <= v <= hi for v in size):
+                raise ValueError(scale_to)
+            return Scaler(width_px, height_px, *size)
+        assert max_long_edge is not None
+        if not max_long_edge.isdigit() or not lo <= int(max_long_edge) <= hi:
+            raise ValueError(max_long_edge)
+        return Scaler.for_max_long_edge(width_px, height_px, int(max_long_edge))
+    except ValueError:
+        raise ProtocolError(
+            f"scale_to must be WxH and max_long_edge N, each {lo}..{hi} pixels; got "
+            f"scale_to={scale_to!r} max_long_edge={max_long_edge!r}",
+            code="invalid_query",
+        ) from None
+
+
+def _scale_result(action: Action, result: Result, scaler: Scaler) -> Result:
+    """A result in the client's space: screenshots resized, the pointer position mapped.
+
+    ``zoom`` crops stay at full display resolution (that is what zoom is for).
+    """
+    if scaler.is_identity:
+        return result
+    match result:
+        case ImageResult() if isinstance(action, Screenshot):
+            size = (scaler.client_width_px, scaler.client_height_px)
+            with Image.open(io.BytesIO(result.data)) as image:
+                scaled = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+            return ImageResult(size[0], size[1], result.mime, encode_png(scaled), result.frame_seq)
+        case CursorResult(x=x, y=y):
+            return CursorResult(*scaler.to_client(x, y))
+        case _:
+            return result

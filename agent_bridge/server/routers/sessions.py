@@ -1,0 +1,167 @@
+"""Session lifecycle: ``/v1/sessions`` (create, list) and ``/v1/sessions/{id}`` (get,
+delete), plus the guest's log.
+
+Blocking orchestrator calls (booting, tearing down, reading logs) run in worker threads so
+the event loop stays responsive.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated
+
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import PlainTextResponse
+
+from agent_bridge.server.deps import BaseUrl, Bridge, SessionDep, SessionGuard, server_token
+from agent_bridge.server.errors import ERROR_RESPONSES
+from agent_bridge.server.models import CreateSessionRequest, SessionInfo
+from agent_bridge.server.state import BridgeState
+from orchestrator.errors import ConfigError
+from orchestrator.session import Session
+from orchestrator.spec import DisplaySpec, EgressPolicy
+
+__all__ = ["router"]
+
+log = logging.getLogger("deskvm.bridge")
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES)
+
+
+@router.post("", status_code=201, response_model=SessionInfo, dependencies=[server_token])
+async def create_session(
+    request: Request, body: CreateSessionRequest, bridge: Bridge, base_url: BaseUrl
+) -> SessionInfo:
+    """Start a session; answers 201 once its desktop is drawn.
+
+    On failure nothing is left behind: 404 ``image_not_found``, 422 ``invalid_config``,
+    503 ``over_capacity`` / ``over_memory`` / ``insufficient_disk`` (with
+    ``Retry-After``), 504 ``boot_timeout`` (with ``console_tail``), 502
+    ``hypervisor_error`` / ``egress_error``, 422 ``invalid_egress`` (the message names
+    the malformed entry) or ``egress_not_configured`` (a policy on a server without an
+    egress upstream). If the client disconnects while the session boots, the session
+    is deleted.
+    """
+    settings = bridge.settings
+    display = DisplaySpec(width_px=body.display.width, height_px=body.display.height)
+    policy = body.approval.to_policy() if body.approval is not None else None
+    egress_policy: EgressPolicy | None = None
+    if body.egress is not None:
+        try:
+            egress_policy = EgressPolicy(allow=tuple(body.egress.allow))
+        except ConfigError as exc:
+            raise ConfigError(exc.message, code="invalid_egress") from None
+    started: list[Session] = []
+
+    def on_started(session: Session) -> None:
+        bridge.book.created_at[session.id] = datetime.now(UTC)
+        if policy is not None and not policy.empty:
+            bridge.policies[session.id] = policy
+        started.append(session)
+
+    def create() -> Session:
+        return bridge.manager.create(
+            image=body.image or settings.default_image,
+            display=display,
+            memory_mib=body.memory_mib,
+            vcpus=body.vcpus,
+            boot_timeout_s=body.boot_timeout_s or settings.boot_timeout_s,
+            on_started=on_started,
+            cpu_quota_pct=body.cpu_quota_pct,
+            disk_mib=body.disk_mib,
+            ttl_s=body.ttl_s or settings.session_ttl_s,
+            idle_timeout_s=body.idle_timeout_s or settings.idle_timeout_s,
+            autostart=body.autostart,
+            egress=egress_policy,
+        )
+
+    session = await _run_unless_disconnected(request, create, started, bridge)
+    bridge.book.ready_at[session.id] = datetime.now(UTC)
+    bridge.forget_unknown()
+    log.info("session %s ready in %.1f s", session.id, session.boot_s or 0.0)
+    return bridge.session_info(session, base_url)
+
+
+@router.get("", response_model=list[SessionInfo], dependencies=[server_token])
+async def list_sessions(bridge: Bridge, base_url: BaseUrl) -> list[SessionInfo]:
+    """Live sessions first, then recently ended ones (bounded history)."""
+    return [bridge.session_info(s, base_url) for s in bridge.manager.all()]
+
+
+@router.get(
+    "/{session_id}", response_model=SessionInfo, dependencies=[Depends(SessionGuard("view"))]
+)
+async def get_session(session: SessionDep, bridge: Bridge, base_url: BaseUrl) -> SessionInfo:
+    """One live or recently ended session (404 ``session_not_found``)."""
+    return bridge.session_info(session, base_url)
+
+
+@router.delete(
+    "/{session_id}", response_model=SessionInfo, dependencies=[Depends(SessionGuard("admin"))]
+)
+async def delete_session(session_id: str, bridge: Bridge, base_url: BaseUrl) -> SessionInfo:
+    """End a session: domain destroyed, overlay deleted; the recording stays.
+
+    Deleting an ended session answers 200 again with its final state. 502
+    ``hypervisor_error`` if a teardown step failed (the session is retired anyway).
+    """
+    bridge.desk.deny_all(session_id, by="session deleted")
+    manager = bridge.manager
+    session = await anyio.to_thread.run_sync(
+        lambda: manager.delete(session_id, reason="deleted by client")
+    )
+    return bridge.session_info(session, base_url)
+
+
+@router.get(
+    "/{session_id}/guest-log",
+    response_class=PlainTextResponse,
+    dependencies=[Depends(SessionGuard("view"))],
+    responses={200: {"content": {"text/plain": {}}}},
+)
+async def guest_log(
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0, description="skip this many bytes")] = 0,
+) -> PlainTextResponse:
+    """What the guest wrote to its ``/dev/ttyS1`` (UTF-8, undecodable bytes replaced)."""
+    data = await anyio.to_thread.run_sync(session.guest_log)
+    return PlainTextResponse(data[offset:].decode("utf-8", errors="replace"))
+
+
+async def _run_unless_disconnected(
+    request: Request,
+    create: Callable[[], Session],
+    started: list[Session],
+    bridge: BridgeState,
+) -> Session:
+    """Run the blocking ``create`` in a worker thread; delete the session if the client leaves.
+
+    Raises:
+        Whatever ``create`` raises.
+    """
+    outcome: list[Session] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch_client() -> None:
+            while True:
+                await anyio.sleep(0.5)
+                if await request.is_disconnected():
+                    if started:
+                        await bridge.delete_quietly(started[0].id, "client disconnected")
+                    return
+
+        tg.start_soon(watch_client)
+        try:
+            outcome.append(await anyio.to_thread.run_sync(create))
+        except Exception as exc:  # re-raised below, outside the task group's ExceptionGroup
+            failure.append(exc)
+        finally:
+            tg.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return outcome[0]

@@ -1,0 +1,117 @@
+"""What every bridge WebSocket shares: limits, close codes, the subprotocol, handshake auth.
+
+Credentials are checked before ``accept()``: a refused handshake is answered with HTTP 403
+by the ASGI server. They come from the ``Authorization: Bearer`` header or, for browsers
+(which cannot set headers), from an offered subprotocol ``deskvm.bearer.<token>``; never
+from the URL. A cross-site ``Origin`` not in ``settings.allowed_origins`` is refused too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.websockets import WebSocket
+
+from agent_bridge.server.deps import Principal, authorize
+from agent_bridge.server.state import BridgeState
+from agent_bridge.tokens import Scope, TokenError
+
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_MESSAGE_TOO_BIG",
+    "CLOSE_POLICY_VIOLATION",
+    "CLOSE_SESSION_NOT_FOUND",
+    "CLOSE_TRY_AGAIN_LATER",
+    "MAX_MESSAGE_BYTES",
+    "SUBPROTOCOL",
+    "SUBPROTOCOL_BEARER_PREFIX",
+    "bearer_from_header",
+    "close_reason",
+    "offered_subprotocols",
+    "ws_principal",
+]
+
+log = logging.getLogger("deskvm.bridge")
+
+MAX_MESSAGE_BYTES = 1024 * 1024
+"""Largest WebSocket message the server accepts (bytes of UTF-8); larger closes with 1009."""
+
+SUBPROTOCOL = "deskvm.v1"
+"""The WebSocket subprotocol (RFC 6455 section 1.9) echoed when the client offers it."""
+
+SUBPROTOCOL_BEARER_PREFIX = "deskvm.bearer."
+"""Browsers, which cannot set headers, offer ``deskvm.bearer.<token>`` as a subprotocol."""
+
+# WebSocket close codes (RFC 6455 section 7.4.1; 4000-4999 are private use).
+CLOSE_GOING_AWAY = 1001
+"""The session ended (deleted, failed, server shutting down)."""
+CLOSE_POLICY_VIOLATION = 1008
+"""Bad credentials (sent before the handshake completes: HTTP 403), unknown ``schema`` or
+``on_disconnect`` value."""
+CLOSE_MESSAGE_TOO_BIG = 1009
+"""A message larger than :data:`MAX_MESSAGE_BYTES`."""
+CLOSE_TRY_AGAIN_LATER = 1013
+"""The session is still booting."""
+CLOSE_SESSION_NOT_FOUND = 4404
+"""No session with that id."""
+
+_CLOSE_REASON_MAX_BYTES = 123  # RFC 6455 section 5.5: control frame payload <= 125 bytes
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to what fits a close frame (whole UTF-8 characters only)."""
+    data = text.encode("utf-8")[:_CLOSE_REASON_MAX_BYTES]
+    return data.decode("utf-8", errors="ignore")
+
+
+def offered_subprotocols(websocket: WebSocket) -> list[str]:
+    """The subprotocols the client offered (``Sec-WebSocket-Protocol``), in order."""
+    header = websocket.headers.get("sec-websocket-protocol", "")
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def bearer_from_header(value: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer <credential>`` header value, if any."""
+    if value is None:
+        return None
+    scheme, _, credentials = value.partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return None
+    return credentials.strip()
+
+
+async def ws_principal(
+    websocket: WebSocket, bridge: BridgeState, session_id: str, need: Scope
+) -> Principal | None:
+    """Check Origin and credentials before ``accept()``; refuse (HTTP 403) if bad.
+
+    Returns:
+        The principal, or ``None`` when the handshake was refused (nothing more to do).
+    """
+    origin = websocket.headers.get("origin")
+    host = websocket.headers.get("host", "")
+    same_origin = origin in (f"http://{host}", f"https://{host}")
+    if origin is not None and not same_origin and origin not in bridge.settings.allowed_origins:
+        log.warning("refused a WebSocket from origin %r (not in the allowlist)", origin)
+        await websocket.close(CLOSE_POLICY_VIOLATION, reason="origin not allowed")
+        return None
+    offered = offered_subprotocols(websocket)
+    presented = bearer_from_header(websocket.headers.get("authorization"))
+    if presented is None:
+        presented = next(
+            (
+                p.removeprefix(SUBPROTOCOL_BEARER_PREFIX)
+                for p in offered
+                if p.startswith(SUBPROTOCOL_BEARER_PREFIX)
+            ),
+            None,
+        )
+    try:
+        return authorize(
+            presented, bridge.admin_token, bridge.authority, session_id, need, use=True
+        )
+    except TokenError as exc:
+        log.info("refused a WebSocket for session %s: %s", session_id, exc.code)
+        # Before accept(): the ASGI server answers the handshake with HTTP 403.
+        await websocket.close(CLOSE_POLICY_VIOLATION, reason=exc.code)
+        return None

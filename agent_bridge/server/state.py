@@ -1,0 +1,101 @@
+"""What the routers share: one :class:`BridgeState` per app, kept on ``app.state.bridge``.
+
+Routers never close over globals; they reach the manager, settings, token authority,
+approval desk, policies and rate limits through the :func:`agent_bridge.server.deps.bridge`
+dependency, which reads this object.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import anyio.to_thread
+
+from agent_bridge.server.models import SessionInfo
+from agent_bridge.server.ratelimit import RateLimits
+from agent_bridge.tokens import TokenAuthority
+from orchestrator.approval import ApprovalDesk, ApprovalPolicy
+from orchestrator.errors import DeskvmError
+from orchestrator.manager import SessionManager
+from orchestrator.session import Session
+from orchestrator.settings import Settings
+
+__all__ = ["BridgeState", "SessionBook"]
+
+log = logging.getLogger("deskvm.bridge")
+
+
+class SessionBook:
+    """Wall-clock creation and ready times of the sessions this app created.
+
+    The session keeps monotonic times only; the REST view shows UTC times, so the app
+    notes them. Entries of sessions the manager has forgotten are pruned on each create.
+    """
+
+    def __init__(self) -> None:
+        self.created_at: dict[str, datetime] = {}
+        self.ready_at: dict[str, datetime] = {}
+
+    def prune(self, known: set[str]) -> None:
+        """Forget sessions not in ``known``."""
+        for table in (self.created_at, self.ready_at):
+            for session_id in [k for k in table if k not in known]:
+                del table[session_id]
+
+
+@dataclass(eq=False)
+class BridgeState:
+    """Everything one bridge app serves from.
+
+    Attributes:
+        manager: creates, finds and deletes sessions.
+        settings: server settings (defaults, limits, Origin allowlist, ...).
+        admin_token: the server's bearer token (never logged).
+        authority: mints and verifies session tokens.
+        desk: where held actions wait for an operator.
+        policies: approval policy per session id (absent: nothing is held).
+        limits: per-session action and typing rate limits.
+        book: wall-clock creation/ready times.
+    """
+
+    manager: SessionManager
+    settings: Settings
+    admin_token: str
+    authority: TokenAuthority
+    desk: ApprovalDesk
+    limits: RateLimits
+    policies: dict[str, ApprovalPolicy] = field(default_factory=dict)
+    book: SessionBook = field(default_factory=SessionBook)
+
+    @property
+    def accel(self) -> str:
+        """The hypervisor's acceleration (``kvm`` or ``tcg``)."""
+        return str(self.manager.hypervisor.accel)
+
+    def session_info(self, session: Session, base_url: str) -> SessionInfo:
+        """The REST view of ``session``."""
+        return SessionInfo.of(
+            session,
+            base_url=base_url,
+            accel=self.accel,
+            created_at=self.book.created_at.get(session.id),
+            ready_at=self.book.ready_at.get(session.id),
+        )
+
+    def forget_unknown(self) -> None:
+        """Drop per-session bookkeeping of sessions the manager no longer knows."""
+        known = {s.id for s in self.manager.all()}
+        self.book.prune(known)
+        self.limits.forget(known)
+        for session_id in [k for k in self.policies if k not in known]:
+            del self.policies[session_id]
+
+    async def delete_quietly(self, session_id: str, reason: str) -> None:
+        """Delete a session in a worker thread, logging (not raising) a teardown failure."""
+        manager = self.manager
+        try:
+            await anyio.to_thread.run_sync(lambda: manager.delete(session_id, reason=reason))
+        except DeskvmError as exc:
+            log.error("deleting %s (%s) failed: %s", session_id, reason, exc.message)
