@@ -415,12 +415,47 @@ def demo(
         raise typer.Exit(1)
 
 
+RecordingArg = Annotated[
+    str,
+    typer.Argument(
+        help="A recording: its directory, or its stored copy (s3://bucket/prefix/<id>,"
+        " file:///dir/<id>).",
+        metavar="RECORDING",
+    ),
+]
+
+
+def _bundle(source: str) -> Path:
+    """A local bundle directory for ``source``: the path itself, or a download of a stored
+    recording (``s3://``, ``file://``) into a per-user cache directory.
+
+    Raises:
+        StorageError, ConfigError: the stored recording cannot be fetched.
+    """
+    from orchestrator.storage import fetch_bundle, is_storage_url, split_recording_url
+
+    if not is_storage_url(source):
+        return Path(source)
+    import hashlib
+    import os
+    import tempfile
+
+    _, name = split_recording_url(source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    dest = Path(tempfile.gettempdir()) / f"deskvm-replay-{os.getuid()}" / digest / name
+    with console.status(f"downloading {source} ..."):
+        fetch_bundle(source, dest)
+    console.print(f"[dim]downloaded {source} to {dest}[/]")
+    return dest
+
+
 @replay_app.command("info")
 @_errors
-def replay_info(path: Annotated[Path, typer.Argument(help="A recording directory.")]) -> None:
+def replay_info(source: RecordingArg) -> None:
     """Summarize a recording: duration, actions by kind, frames, and chain integrity."""
     from orchestrator.replay import summarize
 
+    path = _bundle(source)
     s = summarize(path)
     m = s.manifest
     out.print(f"[bold]recording[/] {path}")
@@ -447,7 +482,7 @@ def replay_info(path: Annotated[Path, typer.Argument(help="A recording directory
 
 @replay_app.command("verify")
 @_errors
-def replay_verify(path: Annotated[Path, typer.Argument(help="A recording directory.")]) -> None:
+def replay_verify(source: RecordingArg) -> None:
     """Recompute the hash chain and every media hash; name the first bad event.
 
     Exit code 0: intact and closed. 1: changed, removed, reordered or truncated (the first
@@ -456,6 +491,7 @@ def replay_verify(path: Annotated[Path, typer.Argument(help="A recording directo
     """
     from orchestrator.replay import verify
 
+    path = _bundle(source)
     report = verify(path)
     out.print(f"[bold]recording[/] {path}")
     out.print(f"  events    {report.events} complete, last at {report.last_t_s:.3f} s")
@@ -486,7 +522,7 @@ def _seconds(text: str) -> float:
 @replay_app.command("frames")
 @_errors
 def replay_frames(
-    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    source: RecordingArg,
     at: Annotated[
         list[str], typer.Option("--at", help="Time since the recording's start, e.g. 12.5s.")
     ],
@@ -495,7 +531,7 @@ def replay_frames(
     """Write the frame shown at each --at time as PNG (frame-<t>s.png, full resolution)."""
     from orchestrator.replay import Recording
 
-    recording = Recording(path)
+    recording = Recording(_bundle(source))
     out_dir.mkdir(parents=True, exist_ok=True)
     for text in at:
         t_s = _seconds(text)
@@ -508,7 +544,7 @@ def replay_frames(
 @replay_app.command("export")
 @_errors
 def replay_export(
-    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    source: RecordingArg,
     out_path: Annotated[Path, typer.Option("--out", help="Output file (mp4) or directory.")],
     mp4: Annotated[bool, typer.Option("--mp4", help="Video, cursor and clicks drawn.")] = False,
     osworld: Annotated[
@@ -524,6 +560,7 @@ def replay_export(
 
     if [mp4, osworld, jsonl].count(True) != 1:
         raise typer.BadParameter("choose exactly one of --mp4, --osworld, --jsonl")
+    path = _bundle(source)
     if mp4:
         frames = export_mp4(path, out_path, fps=fps)
         out.print(f"{out_path}: {frames} frames at {fps:g} fps")
@@ -538,7 +575,7 @@ def replay_export(
 @replay_app.command("view")
 @_errors
 def replay_view(
-    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    source: RecordingArg,
     port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1 (0: any free one).")] = 8766,
 ) -> None:
     """Serve the browser replay viewer for one recording on 127.0.0.1 (Ctrl-C stops)."""
@@ -548,6 +585,7 @@ def replay_view(
     from agent_bridge.viewer import viewer_app
     from orchestrator.replay import Recording
 
+    path = _bundle(source)
     Recording(path)  # fail early on a bad path
     token = secrets.token_urlsafe(18)
     console.print(f"open http://127.0.0.1:{port}/replay/local/#token={token}")
@@ -557,7 +595,7 @@ def replay_view(
 @replay_app.command("rerun")
 @_errors
 def replay_rerun(
-    path: Annotated[Path, typer.Argument(help="A recording directory.")],
+    source: RecordingArg,
     state_dir: StateDir = None,
 ) -> None:
     """Boot the recording's image afresh, replay its inputs with their timing, compare.
@@ -568,6 +606,7 @@ def replay_rerun(
     from agent_bridge.runtime import build_manager
     from orchestrator.rerun import rerun
 
+    path = _bundle(source)
     settings = _settings(state_dir)
     manager = build_manager(settings)
     table = Table("step", "action", "t (s)", "SSIM", "note")

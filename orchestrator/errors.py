@@ -18,8 +18,10 @@ kept as ``__cause__``::
     │   └── GuestHelperError     the in-guest helper failed or timed out
     ├── EgressError              bridge / nftables / resolver set-up or teardown failed
     ├── RecorderError            the recording could not be written
+    ├── StorageError             recording storage (directory, S3) refused or failed
     ├── SessionNotFound          no such session id
     ├── SessionClosed            the session has ended (or is ending)
+    │   └── SessionLost          the session's cluster node died (scale-out)
     └── CapacityError            the server is at its limit of sessions or memory
 
 Each error has a stable machine-readable ``code`` (used in WebSocket and REST error
@@ -44,7 +46,9 @@ __all__ = [
     "ProtocolError",
     "RecorderError",
     "SessionClosed",
+    "SessionLost",
     "SessionNotFound",
+    "StorageError",
 ]
 
 
@@ -137,6 +141,18 @@ class SessionNotFound(DeskvmError):
 
 class SessionClosed(DeskvmError):
     code = "session_closed"
+
+
+class SessionLost(SessionClosed):
+    """The session ended because the cluster node running it died (``deskvm serve --ray``)."""
+
+    code = "session_lost"
+
+
+class StorageError(DeskvmError):
+    """Recording storage (a directory or S3-compatible object storage) failed."""
+
+    code = "storage_error"
 
 
 class CapacityError(DeskvmError):

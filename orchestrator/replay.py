@@ -180,7 +180,10 @@ def verify(bundle: Path) -> VerifyReport:
     lines = raw.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
     origin = int(manifest.get("monotonic_origin_ns", 0))
-    report = VerifyReport(ok=False, events=0, closed=manifest.get("status") != "recording")
+    status = manifest.get("status")
+    # A truncated seal (the writer died; see docs/recording.md) is checked like a closed
+    # recording, then reported as not closed.
+    report = VerifyReport(ok=False, events=0, closed=status != "recording")
     report.torn_tail_bytes = len(tail)
 
     def bad(seq: int, problem: str) -> VerifyReport:
@@ -256,6 +259,13 @@ def verify(bundle: Path) -> VerifyReport:
         if _sha_or_empty(bundle / name) != sha:
             report.problem = f"media file {name} differs from the manifest's hash"
             return report
+    if status == "truncated":
+        report.closed = False
+        report.problem = (
+            f"truncated ({manifest.get('truncated_reason') or 'the writer died'}); "
+            f"intact up to event {report.events - 1}"
+        )
+        return report
     report.ok = True
     report.problem = ""
     return report
