@@ -32,6 +32,7 @@ from orchestrator.spec import (
     EgressPolicy,
     SessionSpec,
     new_session_id,
+    validate_session_id,
 )
 
 CLOSED_TTL = "ttl expired"
@@ -63,6 +64,9 @@ class SessionManager:
         memory_overhead_mib: QEMU overhead added to each session's hard limit, MiB.
         egress: the egress seam (``NftEgress`` on a host with an upstream configured,
             ``FakeEgress`` in tests); ``None``: sessions with an egress policy are refused.
+        new_id: makes each new session's id (default :func:`~orchestrator.spec.new_session_id`;
+            a cluster node uses the id its bridge placed, see docs/scale-out.md). The id is
+            checked with :func:`~orchestrator.spec.validate_session_id`.
     """
 
     def __init__(
@@ -79,8 +83,10 @@ class SessionManager:
         max_total_memory_mib: int | None = None,
         memory_overhead_mib: int = 768,
         egress: Egress | None = None,
+        new_id: Callable[[], str] = new_session_id,
     ) -> None:
         self.hypervisor = hypervisor
+        self._new_id = new_id
         self.egress = egress
         self._max_total_memory_mib = max_total_memory_mib
         self._memory_overhead_mib = memory_overhead_mib
@@ -141,8 +147,12 @@ class SessionManager:
                 code="egress_not_configured",
             )
         boot_image = self._resolve_image(image)
+        session_id = validate_session_id(self._new_id())
+        with self._lock:
+            if session_id in self._live or session_id in self._ended:
+                raise ConfigError(f"session id {session_id} is already in use")
         spec = SessionSpec(
-            session_id=new_session_id(),
+            session_id=session_id,
             image=boot_image,
             display=display,
             memory_mib=memory_mib,
