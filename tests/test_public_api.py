@@ -36,6 +36,7 @@ MODULES = [
     "agent_bridge.qa.ocr",
     "agent_bridge.qa.waits",
     "agent_bridge.qa.checks",
+    "agent_bridge.qa.report",
 ]
 
 
