@@ -37,6 +37,7 @@ MODULES = [
     "agent_bridge.qa.waits",
     "agent_bridge.qa.checks",
     "agent_bridge.qa.report",
+    "agent_bridge.qa.needles",
 ]
 
 
