@@ -37,7 +37,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +161,8 @@ def _start_server(config: pytest.Config) -> _Server:
     record = config.getoption("--deskvm-record")
     stack = contextlib.ExitStack()
     if config.getoption("--deskvm-backend") == "fake":
-        manager, settings = _fake_manager(capture_off=record == "off")
+        root = _artifact_root(config) / "fake-recordings"
+        manager, settings = _fake_manager(root, capture_off=record == "off")
     else:
         settings = Settings.from_env()
         if record == "off":
@@ -175,15 +175,15 @@ def _start_server(config: pytest.Config) -> _Server:
     return _Server(server.url, token, owned=True, stack=stack)
 
 
-def _fake_manager(*, capture_off: bool) -> tuple[Any, Any]:
-    """A session manager on the in-package fake hypervisor (a drawn fake desktop)."""
+def _fake_manager(root: Path, *, capture_off: bool) -> tuple[Any, Any]:
+    """A session manager on the in-package fake hypervisor (a drawn fake desktop); its
+    recordings go to ``root/recordings`` (the run's artifacts directory, so a failed test's
+    recording sits beside its report and the recording policy prunes the others)."""
     from orchestrator.hypervisor.fake import FakeHypervisor
     from orchestrator.input_plan import Pacing
     from orchestrator.manager import SessionManager
     from orchestrator.settings import Settings
     from orchestrator.spec import BootImage
-
-    root = Path(tempfile.mkdtemp(prefix="deskvm-fake-"))
 
     def resolve(name: str) -> BootImage:
         return BootImage(

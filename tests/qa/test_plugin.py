@@ -31,7 +31,7 @@ def save_crop(path: Path, image: Image.Image, box: tuple[int, int, int, int]) ->
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _loaded() -> None:
+def _loaded(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Import what a run of the plugin imports lazily (server, uvicorn protocols) once in
     this process: pytester's in-process runs unload modules first imported inside them,
     and a half-unloaded uvicorn fails the next run's WebSocket upgrades."""
@@ -39,7 +39,7 @@ def _loaded() -> None:
     from agent_bridge.runtime import BackgroundServer
     from agent_bridge.server import create_app
 
-    manager, settings = _fake_manager(capture_off=True)
+    manager, settings = _fake_manager(tmp_path_factory.mktemp("fake"), capture_off=True)
     with BackgroundServer(create_app(manager, token="t" * 24, settings=settings)) as server:
         from agent_bridge.client import Client
 
