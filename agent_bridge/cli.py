@@ -46,12 +46,8 @@ image_app = typer.Typer(
 replay_app = typer.Typer(
     help="Inspect, verify, export, view and rerun recordings (the directory each session writes)."
 )
-refs_app = typer.Typer(
-    help="Visual references for desktop tests (refs/<name>.png + .json; see docs/qa.md)."
-)
 app.add_typer(image_app, name="image")
 app.add_typer(replay_app, name="replay")
-app.add_typer(refs_app, name="refs")
 
 StateDir = Annotated[
     Path | None,
@@ -300,6 +296,28 @@ def serve(
             ),
         ),
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Serve the sessions of a Ray cluster (host:port of its GCS) instead of this"
+            " host's: place each session with Ray, proxy calls to its node (docs/scale-out.md)."
+            " Any number of bridges may serve one cluster.",
+        ),
+    ] = None,
+    placement_timeout_s: Annotated[
+        float,
+        typer.Option(help="With --ray: seconds Ray may take to place a session, then 503."),
+    ] = 2.0,
+    require_accel: Annotated[
+        str | None,
+        typer.Option(help="With --ray: place sessions only on nodes with this accel (kvm)."),
+    ] = None,
+    node_ip_address: Annotated[
+        str | None,
+        typer.Option(help="With --ray: this host's address in the cluster (default: Ray's)."),
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Run the bridge server: REST to create sessions, a WebSocket per session for actions.
@@ -325,6 +343,17 @@ def serve(
         egress_upstream_iface=egress_upstream_iface,
         egress_upstream_dns=split_csv(egress_upstream_dns) if egress_upstream_dns else None,
     )
+    if ray_address is not None:
+        _serve_ray(
+            settings,
+            ray_address,
+            host=host,
+            port=port,
+            placement_timeout_s=placement_timeout_s,
+            require_accel=require_accel,
+            node_ip=node_ip_address,
+        )
+        return
     manager = build_manager(settings)
     reaped = manager.reap()
     if reaped:
@@ -346,6 +375,125 @@ def serve(
     console.print(f"docs:  http://{host}:{port}/docs   protocol: docs/protocol.md")
     console.print(f"replay viewer: http://{host}:{port}/replay/#token={token_value}")
     run_server(app_, host=host, port=port)
+
+
+def _serve_ray(
+    settings: Settings,
+    address: str,
+    *,
+    host: str,
+    port: int,
+    placement_timeout_s: float,
+    require_accel: str | None,
+    node_ip: str | None,
+) -> None:
+    """``deskvm serve --ray``: a bridge of the cluster at ``address`` (Ray imported here)."""
+    from agent_bridge.cluster.launch import connect, serve_cluster
+    from agent_bridge.server import run_server
+
+    if require_accel not in (None, "kvm", "tcg"):
+        raise typer.BadParameter("--require-accel must be kvm or tcg")
+    with console.status(f"joining the Ray cluster at {address} ..."):
+        connect(address, node_ip=node_ip)
+        app_, token_value = serve_cluster(
+            settings,
+            admin_token=settings.token,
+            placement_timeout_s=placement_timeout_s,
+            require_accel=require_accel,
+        )
+    console.print(f"[bold]deskvm cluster bridge[/] on http://{host}:{port}  (Ray: {address})")
+    console.print(f"token: [bold]{token_value}[/]  (the cluster's: every bridge takes it)")
+    console.print(f"docs:  http://{host}:{port}/docs   design: docs/scale-out.md")
+    run_server(app_, host=host, port=port)
+
+
+@app.command()
+@_errors
+def node(
+    ray_address: Annotated[
+        str,
+        typer.Option(
+            "--ray", metavar="ADDRESS", help="The Ray cluster to join (host:port of its GCS)."
+        ),
+    ],
+    name: Annotated[
+        str | None,
+        typer.Option(help="This node's name in the cluster (default: the host name)."),
+    ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(help="Desktop slots (default: derived from host memory and CPUs)."),
+    ] = None,
+    backend: Annotated[
+        str, typer.Option(help="libvirt (real VMs) or fake (no VMs: tests, benchmarks).")
+    ] = "libvirt",
+    fake_image: Annotated[
+        list[str] | None,
+        typer.Option(help="With --backend fake: an image name to pretend to have (repeatable)."),
+    ] = None,
+    recordings_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Ship recordings to s3://bucket/prefix (AWS settings from the environment) or a"
+            " directory, while sessions run and at their end. Env: DESKVM_RECORDINGS_URL."
+        ),
+    ] = None,
+    ship_interval_s: Annotated[
+        float, typer.Option(help="Seconds between shipments of running recordings.")
+    ] = 10.0,
+    node_ip_address: Annotated[
+        str | None,
+        typer.Option(help="This host's address in the cluster (default: Ray's choice)."),
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port of this node's session endpoint (0: any).")] = 0,
+    egress_upstream_iface: Annotated[
+        str | None, typer.Option(help="Interface egress-enabled sessions leave by.")
+    ] = None,
+    egress_upstream_dns: Annotated[
+        str | None, typer.Option(help="IP[,IP]: resolvers for allowlisted names.")
+    ] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Join a Ray cluster as a VM host: declare desktop slots, memory, images and
+    acceleration as Ray resources and labels, and run sessions the bridges place here.
+
+    Runs `ray start --address ADDRESS --block` for this host, then this host's deskvm agent
+    (its session manager and session endpoint). Ctrl-C drains: sessions are closed, their
+    recordings shipped, the node leaves. See docs/scale-out.md.
+    """
+    import os
+    import socket
+
+    from agent_bridge.cluster.launch import host_capacity, run_node
+    from orchestrator.settings import split_csv
+
+    if backend not in ("libvirt", "fake"):
+        raise typer.BadParameter("--backend must be libvirt or fake")
+    settings = _settings(
+        state_dir,
+        egress_upstream_iface=egress_upstream_iface,
+        egress_upstream_dns=split_csv(egress_upstream_dns) if egress_upstream_dns else None,
+    )
+    node_name = name or socket.gethostname().split(".")[0]
+    capacity = host_capacity(
+        settings,
+        name=node_name,
+        backend=backend,
+        slots=slots,
+        fake_images=tuple(fake_image or ()),
+    )
+    code = run_node(
+        ray_address,
+        capacity,
+        settings,
+        node_ip=node_ip_address,
+        port=port,
+        recordings_url=recordings_url or os.environ.get("DESKVM_RECORDINGS_URL") or None,
+        ship_interval_s=ship_interval_s,
+        fake_images=tuple(fake_image or ()),
+        say=lambda text: console.print(text),
+    )
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -626,73 +774,6 @@ def replay_rerun(
     out.print(f"new recording: {report.rerun}")
     low = report.min_ssim
     out.print(f"lowest SSIM: {'-' if low is None else f'{low:.4f}'}")
-
-
-@refs_app.command("import-needles")
-@_errors
-def refs_import_needles(
-    source: Annotated[
-        Path, typer.Argument(help="Directory of openQA needles (<name>.json + <name>.png).")
-    ],
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="References directory to write into.")
-    ] = Path("refs"),
-    recursive: Annotated[
-        bool, typer.Option(help="Also convert needles in subdirectories (name: a/b).")
-    ] = True,
-    overwrite: Annotated[
-        bool, typer.Option(help="Replace references that already exist (default: keep them).")
-    ] = False,
-) -> None:
-    """Convert openQA needles into deskvm references.
-
-    Each needle NAME.json + NAME.png becomes refs/NAME.png + refs/NAME.json: match areas
-    (match% -> threshold 0..1), exclude areas, the largest margin as margin_px, the click
-    point, tags. OCR areas are kept but not matched. Existing references are never
-    replaced unless --overwrite. Exit code 1 when a needle could not be converted.
-
-    Example: deskvm refs import-needles ~/os-autoinst-distri-opensuse/needles --out tests/refs
-    """
-    from agent_bridge.qa.needles import import_needles
-    from agent_bridge.qa.refs import RefStore
-
-    results = import_needles(source, RefStore(out_dir), recursive=recursive, overwrite=overwrite)
-    if not results:
-        console.print(f"[yellow]no needles (*.json) in {source}[/]")
-        raise typer.Exit(1)
-    table = Table("reference", "status", "areas", "threshold", "margin", "click", "tags")
-    colour = {"written": "green", "exists": "yellow", "failed": "red"}
-    for item in results:
-        spec = item.spec
-        areas = thresholds = margin = click = tags = ""
-        if spec is not None:
-            areas = f"{len(spec.match)} match"
-            if spec.exclude:
-                areas += f", {len(spec.exclude)} excl"
-            values = sorted(
-                {a.threshold if a.threshold is not None else spec.threshold for a in spec.match}
-            )
-            thresholds = ", ".join(f"{v:g}" for v in values)
-            margin = f"{spec.margin_px} px"
-            click = f"{spec.click.x},{spec.click.y}" if spec.click else "centre"
-            tags = " ".join(spec.tags)
-        table.add_row(
-            item.name, f"[{colour[item.status]}]{item.status}[/]", areas, thresholds, margin,
-            click, tags,
-        )  # fmt: skip
-    out.print(table)
-    for item in results:
-        for warning in item.warnings:
-            style = "red" if item.status == "failed" else "yellow"
-            out.print(f"[{style}]{item.name}[/]: {warning}", soft_wrap=True)
-    counts = {s: sum(1 for r in results if r.status == s) for s in colour}
-    out.print(
-        f"{counts['written']} written to {out_dir}, {counts['exists']} already there"
-        + (" (--overwrite replaces them)" if counts["exists"] else "")
-        + f", {counts['failed']} failed"
-    )
-    if counts["failed"]:
-        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.egress.base import Egress, EgressSettings
@@ -17,7 +18,7 @@ from orchestrator.host import load_accel
 from orchestrator.hypervisor.base import Accel
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
-from orchestrator.spec import BootImage
+from orchestrator.spec import BootImage, new_session_id
 
 __all__ = ["BackgroundServer", "build_egress", "build_manager", "ensure_token", "resolve_accel"]
 
@@ -82,12 +83,18 @@ def build_egress(settings: Settings) -> Egress | None:
     return NftEgress(egress_settings, owner=str(settings.sessions_dir))
 
 
-def build_manager(settings: Settings, *, egress: Egress | None = None) -> SessionManager:
+def build_manager(
+    settings: Settings,
+    *,
+    egress: Egress | None = None,
+    new_id: Callable[[], str] | None = None,
+) -> SessionManager:
     """A :class:`SessionManager` on libvirt with images from ``settings.images_dir``.
 
     Args:
         settings: the host's settings.
         egress: the egress seam; default :func:`build_egress` of ``settings``.
+        new_id: session id factory (a cluster node uses the ids its bridges place).
 
     Raises:
         HypervisorError: libvirt is not reachable.
@@ -112,6 +119,7 @@ def build_manager(settings: Settings, *, egress: Egress | None = None) -> Sessio
         max_total_memory_mib=settings.max_total_memory_mib,
         memory_overhead_mib=settings.memory_overhead_mib,
         egress=egress if egress is not None else build_egress(settings),
+        new_id=new_id if new_id is not None else new_session_id,
     )
 
 

@@ -47,6 +47,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "over_capacity": 503,
     "over_memory": 503,
     "insufficient_disk": 503,
+    "cluster_full": 503,
+    "no_matching_node": 503,
+    "node_unreachable": 502,
+    "session_lost": 410,
     "boot_timeout": 504,
     "hypervisor_error": 502,
     "display_error": 502,
@@ -76,7 +80,9 @@ def error_response(
         status = STATUS_BY_CODE.get(exc.code, default)
     if exc.code == "unauthorized":
         headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
-    if exc.code in ("over_capacity", "over_memory", "insufficient_disk", "rate_limited"):
+    if exc.code in (
+        "over_capacity", "over_memory", "insufficient_disk", "rate_limited", "cluster_full"
+    ):
         headers = {"Retry-After": "5", **(headers or {})}
     return JSONResponse({"error": detail}, status_code=status, headers=headers)
 
