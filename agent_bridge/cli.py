@@ -46,8 +46,12 @@ image_app = typer.Typer(
 replay_app = typer.Typer(
     help="Inspect, verify, export, view and rerun recordings (the directory each session writes)."
 )
+refs_app = typer.Typer(
+    help="Visual references for desktop tests (refs/<name>.png + .json; see docs/qa.md)."
+)
 app.add_typer(image_app, name="image")
 app.add_typer(replay_app, name="replay")
+app.add_typer(refs_app, name="refs")
 
 StateDir = Annotated[
     Path | None,
@@ -774,6 +778,73 @@ def replay_rerun(
     out.print(f"new recording: {report.rerun}")
     low = report.min_ssim
     out.print(f"lowest SSIM: {'-' if low is None else f'{low:.4f}'}")
+
+
+@refs_app.command("import-needles")
+@_errors
+def refs_import_needles(
+    source: Annotated[
+        Path, typer.Argument(help="Directory of openQA needles (<name>.json + <name>.png).")
+    ],
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="References directory to write into.")
+    ] = Path("refs"),
+    recursive: Annotated[
+        bool, typer.Option(help="Also convert needles in subdirectories (name: a/b).")
+    ] = True,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace references that already exist (default: keep them).")
+    ] = False,
+) -> None:
+    """Convert openQA needles into deskvm references.
+
+    Each needle NAME.json + NAME.png becomes refs/NAME.png + refs/NAME.json: match areas
+    (match% -> threshold 0..1), exclude areas, the largest margin as margin_px, the click
+    point, tags. OCR areas are kept but not matched. Existing references are never
+    replaced unless --overwrite. Exit code 1 when a needle could not be converted.
+
+    Example: deskvm refs import-needles ~/os-autoinst-distri-opensuse/needles --out tests/refs
+    """
+    from agent_bridge.qa.needles import import_needles
+    from agent_bridge.qa.refs import RefStore
+
+    results = import_needles(source, RefStore(out_dir), recursive=recursive, overwrite=overwrite)
+    if not results:
+        console.print(f"[yellow]no needles (*.json) in {source}[/]")
+        raise typer.Exit(1)
+    table = Table("reference", "status", "areas", "threshold", "margin", "click", "tags")
+    colour = {"written": "green", "exists": "yellow", "failed": "red"}
+    for item in results:
+        spec = item.spec
+        areas = thresholds = margin = click = tags = ""
+        if spec is not None:
+            areas = f"{len(spec.match)} match"
+            if spec.exclude:
+                areas += f", {len(spec.exclude)} excl"
+            values = sorted(
+                {a.threshold if a.threshold is not None else spec.threshold for a in spec.match}
+            )
+            thresholds = ", ".join(f"{v:g}" for v in values)
+            margin = f"{spec.margin_px} px"
+            click = f"{spec.click.x},{spec.click.y}" if spec.click else "centre"
+            tags = " ".join(spec.tags)
+        table.add_row(
+            item.name, f"[{colour[item.status]}]{item.status}[/]", areas, thresholds, margin,
+            click, tags,
+        )  # fmt: skip
+    out.print(table)
+    for item in results:
+        for warning in item.warnings:
+            style = "red" if item.status == "failed" else "yellow"
+            out.print(f"[{style}]{item.name}[/]: {warning}", soft_wrap=True)
+    counts = {s: sum(1 for r in results if r.status == s) for s in colour}
+    out.print(
+        f"{counts['written']} written to {out_dir}, {counts['exists']} already there"
+        + (" (--overwrite replaces them)" if counts["exists"] else "")
+        + f", {counts['failed']} failed"
+    )
+    if counts["failed"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -31,11 +31,12 @@ import base64
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 from urllib.parse import urlencode
 
 import httpx
@@ -43,10 +44,14 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
+from agent_bridge.qa.checks import VisualChecks
+from agent_bridge.qa.model import DEFAULT_TIMEOUT_S, Frame, Match, Point
 from orchestrator.errors import DeskvmError, SessionClosed
 
 if TYPE_CHECKING:
     from PIL import Image
+
+    from agent_bridge.qa.match import Reference
 
 __all__ = [
     "BridgeConnectionError",
@@ -118,12 +123,17 @@ class Screenshot:
         height: image height, pixels.
         mime: ``"image/png"``.
         png: the encoded image.
+        frame_seq: the recording's frame event it was cut from (``None`` if the server
+            did not say).
+        t_s: that frame's time in the recording, seconds (``deskvm replay frames --at``).
     """
 
     width: int
     height: int
     mime: str
-    png: bytes
+    png: bytes = field(repr=False)
+    frame_seq: int | None = None
+    t_s: float | None = None
 
     def image(self) -> Image.Image:
         """The decoded image (needs Pillow)."""
@@ -484,7 +494,7 @@ class Client:
             raise BridgeConnectionError(f"cannot open WebSocket {ws_url}: {exc}") from exc
 
 
-class Session:
+class Session(VisualChecks):
     """One session, driven over its WebSocket. A context manager deleting it on exit.
 
     Coordinates are display pixels, origin top-left; scroll amounts are wheel notches;
@@ -492,6 +502,11 @@ class Session:
     error reply (``out_of_screen``, ``invalid_action``...; the session stays usable),
     :class:`~orchestrator.errors.SessionClosed` if the session ended, and
     :class:`BridgeConnectionError` for transport failures.
+
+    Visual checks (:class:`~agent_bridge.qa.checks.VisualChecks`): ``wait_for(ref)``,
+    ``wait_gone``, ``exists``, ``click(ref)``, ``expect_change()``, ``wait_still``,
+    ``find_text``, ``read_text``; references are looked up in ``session.qa.refs``
+    (default ``./refs``; the pytest plugin points it at ``refs/`` beside the test file).
 
     Args:
         client: the REST client it belongs to.
@@ -624,11 +639,14 @@ class Session:
 
     @staticmethod
     def _image(result: Mapping[str, Any]) -> Screenshot:
+        frame_seq, t_s = result.get("frame_seq"), result.get("t_s")
         return Screenshot(
             width=int(result["width"]),
             height=int(result["height"]),
             mime=str(result["mime"]),
             png=base64.b64decode(result["data"]),
+            frame_seq=int(frame_seq) if frame_seq is not None else None,
+            t_s=float(t_s) if t_s is not None else None,
         )
 
     # --- actions ------------------------------------------------------------------------
@@ -645,6 +663,7 @@ class Session:
         """Move the pointer to ``(x, y)``."""
         self._do("move", x=x, y=y)
 
+    @overload
     def click(
         self,
         x: int | None = None,
@@ -653,17 +672,81 @@ class Session:
         count: int = 1,
         *,
         hold: str | None = None,
-    ) -> None:
-        """Click ``count`` (1..3) times at ``(x, y)`` (or where the pointer is).
+    ) -> None: ...
+
+    @overload
+    def click(
+        self,
+        x: str | Reference | Match,
+        *,
+        button: ButtonName = "left",
+        count: int = 1,
+        hold: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Match: ...
+
+    def click(
+        self,
+        x: int | str | Reference | Match | None = None,
+        y: int | None = None,
+        button: ButtonName = "left",
+        count: int = 1,
+        *,
+        hold: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Match | None:
+        """Click ``count`` (1..3) times at ``(x, y)`` (or where the pointer is), or on a
+        reference.
 
         Args:
             x: pixels from the left; ``None`` with ``y`` ``None``: the current position.
+                A reference name (``refs/<name>.png``), a ``Reference`` or a ``Match``:
+                wait for it (up to ``timeout_s`` seconds) and click its click point, else
+                the centre of the match (see :meth:`click_ref`).
             y: pixels from the top.
             button: which button.
             count: 1, 2 (double) or 3 (triple).
             hold: keys held during the click, e.g. ``"shift"``.
+            timeout_s: for a reference: how long to wait for it, seconds.
+
+        Returns:
+            ``None`` for coordinates; the :class:`Match` clicked for a reference.
+
+        Raises:
+            MatchTimeout: the reference did not appear (nothing is clicked).
         """
+        if x is not None and not isinstance(x, int | float):  # a reference or a match
+            if y is not None:
+                raise TypeError("click(ref) takes no y coordinate")
+            return self.click_ref(x, timeout_s=timeout_s, button=button, count=count, hold=hold)
         self._do("click", x=x, y=y, button=button, count=count, hold=hold)
+        return None
+
+    # --- visual checks: the session's primitives (see agent_bridge.qa.checks) -----------
+
+    def _qa_frame(self) -> Frame:
+        """The whole screen at full resolution, with its place in the recording and the
+        pointer (a scaled connection takes a full-screen ``zoom`` instead)."""
+        from agent_bridge.qa.refs import decode_png
+
+        mono_s = time.monotonic()
+        pointer = Point(*self.cursor_position())
+        if self.query.get("scale_to") or self.query.get("max_long_edge"):
+            info = self.info_at_start
+            shot = self.zoom((0, 0, info.width, info.height))
+        else:
+            shot = self.screenshot()
+        return Frame(
+            decode_png(shot.png, where="screenshot"),
+            shot.frame_seq,
+            shot.t_s,
+            shot.png,
+            mono_s,
+            pointer,
+        )
+
+    def _qa_click_at(self, point: Point, *, button: str, count: int, hold: str | None) -> None:
+        self._do("click", x=point.x, y=point.y, button=button, count=count, hold=hold)
 
     def double_click(
         self, x: int | None = None, y: int | None = None, button: ButtonName = "left"

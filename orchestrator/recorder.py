@@ -105,7 +105,14 @@ class Event:
 
 
 class Recorder(Protocol):
-    """Append-only record of one session."""
+    """Append-only record of one session.
+
+    Attributes:
+        origin_ns: the monotonic clock at creation; times "in the recording" (``t_s``)
+            are seconds from it (the manifest's ``monotonic_origin_ns``).
+    """
+
+    origin_ns: int
 
     @property
     def path(self) -> Path | None:
@@ -174,6 +181,7 @@ class _ChainedLog:
 
     def __init__(self, clock: Clock, secret_key: bytes | None = None) -> None:
         self._clock = clock
+        self.origin_ns = clock.monotonic_ns()
         self._seq = 0
         self._head = GENESIS_HASH
         self._lock = threading.Lock()
@@ -285,7 +293,7 @@ class FileRecorder(_ChainedLog):
             "format_version": FORMAT_VERSION,
             **dict(manifest),
             "started_at": clock.wall().isoformat(),
-            "monotonic_origin_ns": clock.monotonic_ns(),
+            "monotonic_origin_ns": self.origin_ns,
             "status": "recording",
         }
         self._closed = False

@@ -742,7 +742,7 @@ class Session:
         assert self._domain is not None
         if self._frames is not None:
             event, image, png = self._frames.still(reason="screenshot", source=source)
-            frame_seq = event.seq
+            frame_seq, pts_ns = event.seq, int(event.data["pts_ns"])
         else:
             pts_ns = self._clock.monotonic_ns()
             image = self._domain.display.screendump()
@@ -753,7 +753,8 @@ class Session:
         if box is not None:
             image = image.crop(box)
             png = encode_png(image)
-        return ImageResult(image.width, image.height, "image/png", png, frame_seq)
+        t_s = round((pts_ns - self._recorder.origin_ns) / 1e9, 6)
+        return ImageResult(image.width, image.height, "image/png", png, frame_seq, t_s)
 
     def _record_frame(self, image: Image.Image, *, reason: str, source: Source) -> int:
         pts_ns = self._clock.monotonic_ns()

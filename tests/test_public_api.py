@@ -28,6 +28,16 @@ MODULES = [
     "agent_bridge.server.deps",
     "agent_bridge.server.models",
     "agent_bridge.server.sockets",
+    "agent_bridge.qa",
+    "agent_bridge.qa.model",
+    "agent_bridge.qa.errors",
+    "agent_bridge.qa.match",
+    "agent_bridge.qa.refs",
+    "agent_bridge.qa.ocr",
+    "agent_bridge.qa.waits",
+    "agent_bridge.qa.checks",
+    "agent_bridge.qa.report",
+    "agent_bridge.qa.needles",
 ]
 
 

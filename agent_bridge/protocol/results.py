@@ -18,6 +18,8 @@ class ImageResult:
         mime: ``"image/png"``.
         data: the encoded image bytes.
         frame_seq: recording sequence number of the frame event it was cut from.
+        t_s: that frame's time in the recording: seconds from the recording's monotonic
+            origin to the frame's ``pts_ns`` (what ``deskvm replay frames --at`` takes).
     """
 
     width_px: int
@@ -25,6 +27,7 @@ class ImageResult:
     mime: str
     data: bytes
     frame_seq: int | None = None
+    t_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +55,22 @@ Result: TypeAlias = ImageResult | CursorResult | Done
 def to_deskvm_result(result: Result) -> dict[str, Any]:
     """The ``result`` object of a deskvm-schema reply.
 
-    ``ImageResult`` -> ``{"width", "height", "mime", "data"}`` (``data`` base64, RFC 4648).
+    ``ImageResult`` -> ``{"width", "height", "mime", "data", "frame_seq", "t_s"}``
+    (``data`` base64, RFC 4648; ``frame_seq``/``t_s`` only when known).
     """
     match result:
         case ImageResult():
-            return {
+            out: dict[str, Any] = {
                 "width": result.width_px,
                 "height": result.height_px,
                 "mime": result.mime,
                 "data": base64.b64encode(result.data).decode("ascii"),
             }
+            if result.frame_seq is not None:
+                out["frame_seq"] = result.frame_seq
+            if result.t_s is not None:
+                out["t_s"] = result.t_s
+            return out
         case CursorResult(x=x, y=y):
             return {"x": x, "y": y}
         case Done(detail=detail):

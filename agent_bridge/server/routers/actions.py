@@ -11,6 +11,7 @@ a worker thread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -366,7 +367,9 @@ def _scale_result(action: Action, result: Result, scaler: Scaler) -> Result:
             size = (scaler.client_width_px, scaler.client_height_px)
             with Image.open(io.BytesIO(result.data)) as image:
                 scaled = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
-            return ImageResult(size[0], size[1], result.mime, encode_png(scaled), result.frame_seq)
+            return dataclasses.replace(
+                result, width_px=size[0], height_px=size[1], data=encode_png(scaled)
+            )  # same frame_seq and t_s: the scaled image shows the same recorded frame
         case CursorResult(x=x, y=y):
             return CursorResult(*scaler.to_client(x, y))
         case _:
