@@ -4,7 +4,10 @@ Two parts, kept apart:
 
 * :class:`ApprovalPolicy` is pure: given an action it says whether it must be held, and
   why (action kinds, key combos, typed-text regular expressions, or every action in
-  supervised mode). No I/O, no clock.
+  supervised mode). No I/O, no clock. Text rules look at the action's own text *and* at
+  the session's recent typed text (:class:`TypedWindow`), so a rule cannot be dodged by
+  splitting the text over several actions (``"rm -"``, then ``"rf"``); see
+  :func:`typed_effect` for exactly what counts as typed text.
 * :class:`ApprovalDesk` is the small waiting mechanism: the caller (the bridge, before it
   injects an action) files a :class:`PendingAction` and blocks until an operator decides
   or the deadline passes; no answer before the deadline means deny.
@@ -24,22 +27,178 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent_bridge.protocol.actions import Action, HoldKey, Key, Type, action_name
-from agent_bridge.protocol.keys import parse_combo
+from agent_bridge.protocol.keys import KeyCombo, combo_text, parse_combo
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import ActionError, ConfigError, DeskvmError
 
 __all__ = [
+    "TYPED_WINDOW_CHARS",
     "ApprovalDenied",
     "ApprovalDesk",
     "ApprovalPolicy",
     "ApprovalTimeout",
     "Decision",
     "PendingAction",
+    "TypedWindow",
+    "typed_effect",
 ]
 
 Decision = Literal["approve", "deny"]
 _MAX_RULES = 64
 _MAX_PATTERN_CHARS = 200
+
+TYPED_WINDOW_CHARS = 1024
+"""How many of the most recently typed characters a session keeps for text rules."""
+
+_BACKSPACE = "\b"
+"""Marks a ``backspace`` key press in :func:`typed_effect` (it removes one character)."""
+
+
+def _key_effect(combo: KeyCombo) -> str:
+    if combo.qcodes == ("backspace",):
+        return _BACKSPACE
+    text = combo_text(combo)
+    return "" if text is None else text
+
+
+def typed_effect(action: Action) -> str:
+    """What ``action`` types into the guest, as text rules see it.
+
+    * ``type``: its text (``\\r`` read as ``\\n``), secret or not.
+    * ``key``: every combo that types a character on the US layout, in order
+      (``shift+1`` is ``!``, ``Return`` and ``KP_Enter`` are ``\\n``, ``Tab`` is ``\\t``,
+      ``space``, keypad digits and operators); ``BackSpace`` is returned as ``"\\b"``
+      and removes the character before it. Combos with ctrl, alt or meta type nothing.
+    * ``hold_key`` of such a key: its character once (the guest's autorepeat may type
+      more; that is not modelled).
+    * everything else (pointer actions, waits, observations): nothing.
+
+    Returns:
+        The text, possibly with ``"\\b"`` marks; ``""`` when the action types nothing.
+    """
+    match action:
+        case Type(text=text):
+            return text.replace("\r", "\n")
+        case Key(combos=combos):
+            return "".join(_key_effect(c) for c in combos)
+        case HoldKey(combo=combo):
+            return _key_effect(combo)
+        case _:
+            return ""
+
+
+def _apply(text: str, effect: str) -> str:
+    """``text`` followed by ``effect``, each ``"\\b"`` removing the character before it."""
+    if _BACKSPACE not in effect:
+        return text + effect
+    out = list(text)
+    for char in effect:
+        if char == _BACKSPACE:
+            if out:
+                out.pop()
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+class TypedWindow:
+    """Recent text typed into one session, for text rules.
+
+    Fed with every action that reaches the guest (:meth:`feed`); text rules of an
+    :class:`ApprovalPolicy` search the last ``max_chars`` characters followed by the next
+    action's text. A backspace removes the last character; up to ``history_chars``
+    characters are remembered so that text erased with backspaces brings earlier text
+    back into the window (typing filler and erasing it does not push a rule's start out).
+    Secret text takes part in the matching but is never exported: :meth:`to_json`
+    replaces each secret character by U+FFFD. Not thread-safe: the session feeds it under
+    its action lock.
+
+    Args:
+        max_chars: how many of the latest characters text rules see.
+        history_chars: how many characters are remembered for backspaces.
+    """
+
+    def __init__(
+        self, max_chars: int = TYPED_WINDOW_CHARS, history_chars: int = 64 * TYPED_WINDOW_CHARS
+    ) -> None:
+        self.max_chars = max_chars
+        self.history_chars = max(history_chars, max_chars)
+        self._text = ""
+        self._secret: list[bool] = []
+
+    @property
+    def text(self) -> str:
+        """The text rules see now: the last ``max_chars`` characters (oldest first)."""
+        return self._text[-self.max_chars :]
+
+    def preview(self, action: Action) -> tuple[str, int]:
+        """``(text, kept)``: what text rules see once ``action`` has typed, and how many of
+        its first characters were already there before ``action``."""
+        effect = typed_effect(action)
+        before = self._text
+        after = _apply(before, effect)
+        kept = len(before)
+        if _BACKSPACE in effect:
+            kept = 0
+            limit = min(len(before), len(after))
+            while kept < limit and before[kept] == after[kept]:
+                kept += 1
+        # Rules see max_chars of the old text before the action's part (all of it).
+        start = max(0, kept - self.max_chars)
+        return after[start:], kept - start
+
+    def feed(self, action: Action) -> None:
+        """Add what ``action`` types (see :func:`typed_effect`)."""
+        effect = typed_effect(action)
+        if not effect:
+            return
+        secret = isinstance(action, Type) and action.secret
+        marks = self._secret
+        for char in effect:
+            if char == _BACKSPACE:
+                if marks:
+                    marks.pop()
+            else:
+                marks.append(secret)
+        self._text = _apply(self._text, effect)[-self.history_chars :]
+        self._secret = marks[-len(self._text) :] if self._text else []
+
+    def clear(self) -> None:
+        """Forget everything typed so far."""
+        self._text = ""
+        self._secret = []
+
+    def to_json(self) -> str:
+        """The last ``max_chars`` characters for storage, secret ones replaced by U+FFFD."""
+        n = self.max_chars
+        pairs = zip(self._text[-n:], self._secret[-n:], strict=True)
+        return "".join("\ufffd" if secret else char for char, secret in pairs)
+
+    @classmethod
+    def from_json(cls, text: str, max_chars: int = TYPED_WINDOW_CHARS) -> TypedWindow:
+        """A window restored from :meth:`to_json` (a masked character matches no rule
+        character typed later; it stands in for one that was there)."""
+        window = cls(max_chars)
+        window._text = text[-max_chars:]
+        window._secret = [c == "\ufffd" for c in window._text]
+        return window
+
+
+def _match_ending_after(regex: re.Pattern[str], text: str, after: int) -> bool:
+    """Whether ``regex`` matches somewhere in ``text`` with a match ending past ``after``.
+
+    Tries the leftmost match from each start position in turn, so a match found earlier
+    that lies wholly in the old text does not hide a later one that reaches the new text.
+    """
+    pos = 0
+    while pos <= len(text):
+        match = regex.search(text, pos)
+        if match is None:
+            return False
+        if match.end() > after:
+            return True
+        pos = match.start() + 1
+    return False
 
 
 class ApprovalDenied(ActionError):
@@ -64,8 +223,10 @@ class ApprovalPolicy:
         kinds: action names (``"click"``, ``"type"``, ``"key"``...) to hold.
         key_combos: key combos (``"ctrl+alt+delete"``, ``"meta"``) to hold, in any ``key``
             or ``hold_key`` action; parsed like the ``key`` action's ``keys``.
-        text_patterns: Python regular expressions; a ``type`` action whose text matches one
-            (``re.search``) is held.
+        text_patterns: Python regular expressions; an action is held when one matches
+            (``re.search``) its own ``type`` text, or the session's recent typed text
+            followed by what the action types, with the match reaching into the action's
+            part (see :meth:`reason` and :func:`typed_effect`).
         timeout_s: seconds an operator has to decide; then the action is denied.
         include_observations: in supervised mode, also hold screenshot/zoom/cursor queries.
 
@@ -109,8 +270,17 @@ class ApprovalPolicy:
         """Whether the policy holds nothing."""
         return not (self.every_action or self.kinds or self.key_combos or self.text_patterns)
 
-    def reason(self, action: Action) -> str | None:
-        """Why ``action`` must wait for approval, or ``None`` if it may run at once."""
+    def reason(self, action: Action, typed: TypedWindow | None = None) -> str | None:
+        """Why ``action`` must wait for approval, or ``None`` if it may run at once.
+
+        Args:
+            action: the action about to run.
+            typed: the session's recent typed text; text rules then also match across
+                actions: the window's text followed by what ``action`` types
+                (:func:`typed_effect`, backspaces applied), where a match must end in the
+                action's part (a match wholly in earlier text was checked when that
+                text was typed).
+        """
         name = action_name(action)
         if self.every_action and (
             self.include_observations or name not in ("screenshot", "zoom", "cursor_position")
@@ -129,6 +299,11 @@ class ApprovalPolicy:
                 for regex in self._regexes:
                     if regex.search(text):
                         return f"typed text matches {regex.pattern!r}"
+        if typed is not None and self._regexes and typed_effect(action):
+            combined, kept = typed.preview(action)
+            for regex in self._regexes:
+                if _match_ending_after(regex, combined, kept):
+                    return f"recent typed text matches {regex.pattern!r}"
         return None
 
 

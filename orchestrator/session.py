@@ -21,7 +21,7 @@ import io
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -41,6 +41,7 @@ from agent_bridge.protocol.actions import (
 from agent_bridge.protocol.keys import text_to_combos
 from agent_bridge.protocol.messages import check_bounds
 from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result
+from orchestrator.approval import ApprovalPolicy, TypedWindow
 from orchestrator.capture import FrameCapture
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
@@ -234,6 +235,10 @@ class Session:
         self._capture_fps = capture_fps
         self._frames: FrameCapture | None = None
         self._secrets: list[str] = []
+        self.approval_policy: ApprovalPolicy | None = None
+        """Which actions wait for an operator (``None``: none); see :meth:`execute`."""
+        self.typed = TypedWindow()
+        """What was typed into the guest lately (text approval rules match across actions)."""
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -543,8 +548,19 @@ class Session:
 
     # --- actions --------------------------------------------------------------------
 
+    def approval_reason(self, action: Action) -> str | None:
+        """Why :attr:`approval_policy` holds ``action`` now (given what was typed lately),
+        or ``None``."""
+        policy = self.approval_policy
+        return None if policy is None else policy.reason(action, self.typed)
+
     def execute(
-        self, action: Action, *, source: Source = "agent", raw: Mapping[str, Any] | None = None
+        self,
+        action: Action,
+        *,
+        source: Source = "agent",
+        raw: Mapping[str, Any] | None = None,
+        gate: Callable[[Action, str], None] | None = None,
     ) -> Result:
         """Carry out one action and return its result.
 
@@ -555,6 +571,12 @@ class Session:
             action: what to do (display pixels).
             source: who asked (recorded).
             raw: the message as received, when it was translated from a vendor schema.
+            gate: called as ``gate(action, reason)`` when :attr:`approval_policy` holds
+                the action (:meth:`approval_reason`); it returns once an operator
+                approved, or raises (e.g. ``ApprovalDenied``) and nothing is injected.
+                The check, the wait and the action run under the session's action lock,
+                so actions of other connections cannot slip text in between (a text
+                rule split over two connections is still caught).
 
         Raises:
             SessionClosed: the session is not ready.
@@ -565,6 +587,12 @@ class Session:
         with self._lock:
             if self._state != "ready":
                 raise SessionClosed(f"session {self.id} is {self._state}")
+            if gate is not None:
+                reason = self.approval_reason(action)
+                if reason is not None:
+                    gate(action, reason)
+                    if self._state != "ready":
+                        raise SessionClosed(f"session {self.id} is {self._state}")
             self.last_action_ns = self._clock.monotonic_ns()
             assert self._domain is not None
             record: dict[str, Any] = {"action": action_to_dict(action)}
@@ -583,6 +611,8 @@ class Session:
                 self._recorder.append("error", {"code": exc.code, "message": exc.message})
                 raise
             self._recorder.append("input", record, source=source)
+            # Counted as typed once it may reach the guest (even if injection fails midway).
+            self.typed.feed(action)
             try:
                 # The still of the input moment: only for actions that inject input (a
                 # screenshot records its own still; taking two cost a second screendump).

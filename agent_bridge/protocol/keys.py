@@ -20,6 +20,7 @@ __all__ = [
     "MODIFIER_QCODES",
     "KeyCombo",
     "char_to_combo",
+    "combo_text",
     "key_to_combo",
     "parse_combo",
     "parse_combos",
@@ -216,3 +217,34 @@ def text_to_combos(text: str) -> list[KeyCombo]:
         ActionError: code ``untypeable_text`` naming the first character with no key.
     """
     return [char_to_combo(ch) for ch in text]
+
+
+_KEYPAD_TEXT: dict[str, str] = {
+    **{f"kp_{_n}": str(_n) for _n in range(10)},
+    "kp_add": "+", "kp_subtract": "-", "kp_multiply": "*", "kp_divide": "/",
+    "kp_decimal": ".", "kp_comma": ",", "kp_equals": "=", "kp_enter": "\n",
+}  # fmt: skip
+_SHIFT_QCODES = frozenset({"shift", "shift_r"})
+
+
+def combo_text(combo: KeyCombo) -> str | None:
+    """The text a combo types on a US layout, or ``None`` if it types none.
+
+    The inverse of :func:`char_to_combo` for combos of one key with optional shift:
+    ``a`` -> ``"a"``, ``shift+1`` -> ``"!"``, ``ret`` / ``kp_enter`` -> ``"\\n"``, ``tab``
+    -> ``"\\t"``, ``spc`` -> ``" "``, keypad digits and operators as their characters (Num
+    Lock assumed on). A combo with ctrl, alt or meta, or a key without a character
+    (arrows, F-keys, ``backspace``...), types no text.
+    """
+    keys = [q for q in combo.qcodes if q not in _SHIFT_QCODES]
+    if len(keys) != 1:
+        return None
+    (qcode,) = keys
+    shifted = len(keys) != len(combo.qcodes)
+    if qcode in _US_KEYS:
+        return _US_KEYS[qcode][1 if shifted else 0]
+    if qcode == "ret":
+        return "\n"
+    if qcode == "tab":
+        return "\t"
+    return _KEYPAD_TEXT.get(qcode)
