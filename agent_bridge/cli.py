@@ -629,6 +629,11 @@ def replay_info(source: RecordingArg) -> None:
     out.print(table)
     if s.errors:
         out.print("  errors    " + ", ".join(f"{k}: {v}" for k, v in sorted(s.errors.items())))
+    if m.get("status") == "truncated":
+        out.print(f"  truncated {m.get('truncated_reason')}")
+    for resumed in m.get("resumed") or []:
+        after, why = resumed.get("after_seq"), resumed.get("reason")
+        out.print(f"  gap       after event {after}: {why}")
     if s.first_bad_seq is None:
         out.print("  chain     [green]intact[/]")
     else:
@@ -641,9 +646,10 @@ def replay_info(source: RecordingArg) -> None:
 def replay_verify(source: RecordingArg) -> None:
     """Recompute the hash chain and every media hash; name the first bad event.
 
-    Exit code 0: intact and closed. 1: changed, removed, reordered or truncated (the first
-    bad event is named). 2: intact as far as it goes but not closed (the writer crashed
-    or is still writing).
+    Exit code 0: intact and closed. 1: changed, removed, reordered or cut short (the
+    first bad event is named). 2: intact as far as it goes but not closed (the writer
+    crashed or is still writing; `deskvm replay seal` closes a crashed one). 3: intact up
+    to event N, then sealed as truncated (the writer died; the reason is printed).
     """
     from orchestrator.replay import verify
 
@@ -654,6 +660,25 @@ def replay_verify(source: RecordingArg) -> None:
     out.print(f"  media     {report.media_checked} files hashed")
     if report.unfinished_video:
         out.print(f"  video     unfinished segments: {', '.join(report.unfinished_video)}")
+    for video in report.truncated_video:
+        playable = "playable" if video.get("playable") else "not playable"
+        out.print(
+            f"  video     {video.get('file')} was left open: {video.get('frames')} of "
+            f"{video.get('frames_recorded')} frames decode ({playable})"
+        )
+    for gap in report.gaps:
+        seconds = "?" if gap.get("gap_s") is None else f"{gap['gap_s']:.1f} s"
+        out.print(
+            f"  gap       after event {gap.get('after_seq')}: {gap.get('reason')} "
+            f"({seconds}; marked at event {gap.get('seq')})"
+        )
+    if report.ok and report.truncated is not None:
+        last = report.truncated.get("last_intact_seq")
+        out.print(
+            f"  verdict   [yellow]intact up to event {last}, truncated[/]: "
+            f"{report.truncated.get('reason')}"
+        )
+        raise typer.Exit(3)
     if report.ok:
         out.print("  verdict   [green]intact and closed[/]")
         return
@@ -665,6 +690,38 @@ def replay_verify(source: RecordingArg) -> None:
         raise typer.Exit(1)
     out.print(f"  verdict   [yellow]{report.problem}[/]")
     raise typer.Exit(2)
+
+
+@replay_app.command("seal")
+@_errors
+def replay_seal(
+    path: Annotated[Path, typer.Argument(help="A recording directory left 'recording'.")],
+    reason: Annotated[
+        str, typer.Option(help="Why the recording stopped (written into the bundle).")
+    ] = "the recorder stopped without closing the recording (sealed by `deskvm replay seal`)",
+) -> None:
+    """Seal a recording whose writer died (kill -9, crash) as truncated.
+
+    Cuts an incomplete last line, closes off the video segment that was being written
+    (its frames up to the last complete fragment still play; the rest is flagged), appends
+    a 'truncated' event naming the last intact event and the reason, and closes the
+    manifest with status 'truncated'. Refused while a live process still writes it.
+    `deskvm replay verify` then says "intact up to event N, truncated" (exit code 3).
+    """
+    from orchestrator.clock import SystemClock
+    from orchestrator.recorder import seal
+
+    report = seal(path, SystemClock(), reason=reason)
+    out.print(f"[bold]sealed[/] {path}")
+    out.print(f"  intact up to event {report.last_intact_seq}")
+    if report.torn_tail_bytes:
+        out.print(f"  cut an incomplete last line of {report.torn_tail_bytes} bytes")
+    for video in report.unfinished_video:
+        out.print(
+            f"  video {video['file']}: {video['frames']} of {video['frames_recorded']} "
+            "frames decode" + ("" if video["playable"] else " (not playable)")
+        )
+    out.print(f"  reason: {report.reason}")
 
 
 def _seconds(text: str) -> float:

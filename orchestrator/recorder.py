@@ -19,11 +19,20 @@ prefix. The recording stays after the session ends.
 Secret text is never written: :meth:`Recorder.secret_digest` gives its length and an
 HMAC-SHA256 under a random per-recording key that lives only in memory (so equal secrets
 within one recording can be matched, but nothing in the bundle can confirm a guess).
+
+A writer holds an exclusive ``flock`` on ``events.jsonl`` while the bundle is open (the
+kernel drops it when the process dies). A bundle left ``recording`` by a writer that died
+is either *continued* (:meth:`FileRecorder.reopen`: the restarted bridge re-adopted the
+session; a ``marker`` ``gap`` event says what was lost) or *sealed* (:func:`seal`: status
+``truncated``, a ``lifecycle`` ``truncated`` event names the last intact event and the
+reason). Both first cut a torn last line and chain a ``media`` event for the segment the
+writer left unfinished (``truncated: true``, with how many of its frames still decode).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -38,7 +47,7 @@ from PIL import Image
 
 from orchestrator.clock import Clock
 from orchestrator.errors import RecorderError
-from orchestrator.video import SegmentWriter, file_sha256
+from orchestrator.video import SegmentWriter, count_decodable_frames, file_sha256
 
 __all__ = [
     "FORMAT_VERSION",
@@ -48,15 +57,26 @@ __all__ = [
     "FileRecorder",
     "MemoryRecorder",
     "Recorder",
+    "SealReport",
     "Source",
     "chain_hash",
+    "seal",
+    "writer_alive",
 ]
 
 FORMAT_VERSION = 2
 GENESIS_HASH = "0" * 64
 
 EventKind = Literal[
-    "lifecycle", "input", "injected", "result", "error", "frame", "network", "marker", "media",
+    "lifecycle",
+    "input",
+    "injected",
+    "result",
+    "error",
+    "frame",
+    "network",
+    "marker",
+    "media",
     "approval",
 ]
 Source = Literal["agent", "human", "qa", "system"]
@@ -286,6 +306,7 @@ class FileRecorder(_ChainedLog):
             (path / "frames").mkdir()
             (path / "video").mkdir()
             self._events = (path / "events.jsonl").open("a", encoding="utf-8")
+            fcntl.flock(self._events.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             raise RecorderError(f"cannot create recording at {path}: {exc}") from exc
         self._manifest: dict[str, Any] = {
@@ -301,6 +322,129 @@ class FileRecorder(_ChainedLog):
         self._segment: SegmentWriter | None = None
         self._segments = 0
         self._write_manifest()
+
+    resumed_after_seq: int | None = None
+    """After :meth:`reopen`: the last event the previous writer completed."""
+    resumed_after_t_ns: int | None = None
+    torn_tail_bytes: int = 0
+    """After :meth:`reopen`: bytes of a torn last line that were cut off."""
+    closed_off: tuple[dict[str, Any], ...] = ()
+    """After :meth:`reopen`: the segments the previous writer left open (see :func:`seal`)."""
+
+    @classmethod
+    def reopen(
+        cls,
+        path: Path,
+        clock: Clock,
+        *,
+        reason: str,
+        segment_s: float = 10.0,
+        secret_key: bytes | None = None,
+        mark_gap: bool = True,
+    ) -> FileRecorder:
+        """Continue a bundle whose writer died (status ``recording``, lock free).
+
+        Verifies the chain, cuts a torn last line, chains a ``media`` event
+        (``truncated: true``) for each segment the writer left unfinished, then (with
+        ``mark_gap``) appends ``marker`` ``{"event": "gap", "reason", "after_seq",
+        "after_t_ns", "gap_s", "torn_tail_bytes", "unfinished_video"}`` and records the
+        resumption in the manifest (``resumed``). New events follow on the same clock
+        (``CLOCK_MONOTONIC``: the same across processes of one boot). The secret-text
+        HMAC key is new: equal secrets before and after the gap do not match.
+
+        Args:
+            path: the bundle.
+            clock: time source of the new events.
+            reason: why there is a gap (e.g. ``"bridge restarted"``).
+            segment_s, secret_key: as for the constructor.
+            mark_gap: append the ``gap`` marker (``False``: :func:`seal` writes its own).
+
+        Raises:
+            RecorderError: a live process still writes it, it is closed, it is not a
+                bundle, or it does not verify.
+        """
+        self = cls.__new__(cls)
+        _ChainedLog.__init__(self, clock, secret_key)
+        self._path = path
+        self._segment_ns = int(segment_s * 1e9)
+        try:
+            self._events = (path / "events.jsonl").open("a", encoding="utf-8")
+        except OSError as exc:
+            raise RecorderError(f"{path} is not a deskvm recording: {exc}") from exc
+        try:
+            try:
+                fcntl.flock(self._events.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RecorderError(
+                    f"{path} is still being written by a live process; not touched"
+                ) from None
+            except OSError as exc:
+                raise RecorderError(f"cannot lock {path / 'events.jsonl'}: {exc}") from exc
+            found = _recover(path)
+            if found.torn:
+                self._events.flush()
+                os.ftruncate(self._events.fileno(), found.keep_bytes)
+        except BaseException:
+            self._events.close()
+            raise
+        self._manifest = found.manifest
+        self._closed = False
+        self._stills = found.stills
+        self._segment = None
+        self._segments = found.next_segment
+        self._seq, self._head, self.counts = found.events, found.head, found.counts
+        self.resumed_after_seq = found.events - 1 if found.events else None
+        self.resumed_after_t_ns = found.last_t_ns
+        self.torn_tail_bytes = len(found.torn)
+        closed_off = []
+        for name, pts in sorted(found.unfinished.items()):
+            closed_off.append(self._close_off(name, pts))
+        self.closed_off = tuple(closed_off)
+        if mark_gap:
+            now_ns = clock.monotonic_ns()
+            last = found.last_t_ns
+            self.append(
+                "marker",
+                {
+                    "event": "gap",
+                    "reason": reason,
+                    "after_seq": self.resumed_after_seq,
+                    "after_t_ns": last,
+                    "gap_s": round((now_ns - last) / 1e9, 3)
+                    if last is not None and now_ns >= last
+                    else None,
+                    "torn_tail_bytes": self.torn_tail_bytes,
+                    "unfinished_video": list(self.closed_off),
+                },
+            )
+            self._manifest.setdefault("resumed", []).append(
+                {"at": clock.wall().isoformat(), "after_seq": self.resumed_after_seq,
+                 "reason": reason}
+            )  # fmt: skip
+            self._write_manifest()
+        return self
+
+    def _close_off(self, name: str, pts_ns: list[int]) -> dict[str, Any]:
+        """Chain a ``media`` event for a segment a dead writer left open."""
+        file = self._path / name
+        frames = count_decodable_frames(file)
+        try:
+            sha, size = file_sha256(file), file.stat().st_size
+        except (RecorderError, OSError):
+            sha, size = "", 0
+        playable = pts_ns[:frames]
+        data = {
+            "file": name, "sha256": sha, "bytes": size, "frames": frames,
+            "first_pts_ns": playable[0] if playable else None,
+            "last_pts_ns": playable[-1] if playable else None,
+            "truncated": True, "frames_recorded": len(pts_ns), "playable": frames > 0,
+        }  # fmt: skip
+        with self._lock:
+            self._write(self._next("media", data, "system"))
+        return {
+            "file": name, "frames": frames, "frames_recorded": len(pts_ns),
+            "playable": frames > 0,
+        }  # fmt: skip
 
     @property
     def path(self) -> Path:
@@ -358,11 +502,15 @@ class FileRecorder(_ChainedLog):
             if self._closed:
                 raise RecorderError("the recording is closed")
             segment = self._segment
-            if (
-                segment is not None
-                and segment.first_pts_ns is not None
-                and pts_ns - segment.first_pts_ns >= self._segment_ns
+            if segment is not None and (
+                segment.size_px != image.size
+                or (
+                    segment.first_pts_ns is not None
+                    and pts_ns - segment.first_pts_ns >= self._segment_ns
+                )
             ):
+                # A segment has one frame size: a resolution change (boot console -> desktop,
+                # a guest's xrandr) starts a new one.
                 self._finish_segment()
                 segment = None
             if segment is None:
@@ -406,14 +554,20 @@ class FileRecorder(_ChainedLog):
         }  # fmt: skip
         self._write(self._next("media", data, "system"))
 
-    def close(self, *, status: str = "closed") -> None:
+    def close(self, *, status: str = "closed", **manifest: Any) -> None:
+        """Finish the recording (idempotent): the open segment, then the manifest.
+
+        Args:
+            status: the manifest's final ``status``.
+            manifest: more manifest fields to write (e.g. ``truncated_reason``).
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             with contextlib.suppress(RecorderError):
                 self._finish_segment()
-            self._events.close()
+            self._events.close()  # (drops the writer's lock)
             media: dict[str, str] = {}
             for sub in ("frames", "video"):
                 for file in sorted((self._path / sub).iterdir()):
@@ -426,5 +580,163 @@ class FileRecorder(_ChainedLog):
                 counts=dict(self.counts),
                 chain_head=self._head,
                 media=media,
+                **manifest,
             )
             self._write_manifest()
+
+
+# --- continuing and sealing a bundle whose writer died ----------------------------------
+
+
+def writer_alive(bundle: Path) -> bool:
+    """Whether a live process holds the bundle open for writing (its ``flock``)."""
+    try:
+        fd = os.open(bundle / "events.jsonl", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # (also drops the probe's own lock)
+    return False
+
+
+@dataclass(slots=True)
+class _Recovered:
+    """What a dead writer left: the verified prefix and what to close off."""
+
+    manifest: dict[str, Any]
+    events: int
+    head: str
+    counts: dict[str, int]
+    last_t_ns: int | None
+    torn: bytes
+    keep_bytes: int
+    stills: dict[str, str]
+    next_segment: int
+    unfinished: dict[str, list[int]]  # video file -> pts_ns of the frames recorded in it
+
+
+def _recover(path: Path) -> _Recovered:
+    """Read and verify what a dead writer left in ``path`` (caller holds the lock).
+
+    Raises:
+        RecorderError: not a bundle, already closed, or changed (a line that does not
+            verify before the last one: continuing would hide the damage).
+    """
+    try:
+        manifest: dict[str, Any] = json.loads((path / "manifest.json").read_text())
+        raw = (path / "events.jsonl").read_bytes()
+    except (OSError, ValueError) as exc:
+        raise RecorderError(f"{path} is not a readable deskvm recording: {exc}") from exc
+    status = manifest.get("status")
+    if status != "recording":
+        raise RecorderError(f"{path} is already closed (status {status!r}); nothing to seal")
+    lines = raw.split(b"\n")
+    torn = lines.pop()
+    head, last_t_ns = GENESIS_HASH, None
+    counts: dict[str, int] = {}
+    stills: dict[str, str] = {}
+    referenced: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    for index, line in enumerate(lines):
+        try:
+            event = json.loads(line.decode("utf-8"))
+            body = {k: v for k, v in event.items() if k != "hash"}
+            ok = event["seq"] == index and chain_hash(head, body) == event["hash"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            ok = False
+        if not ok:
+            raise RecorderError(
+                f"event {index} of {path} does not verify (the bundle was changed): "
+                "not continued or sealed; `deskvm replay verify` shows the damage"
+            )
+        head = event["hash"]
+        kind = str(event["kind"])
+        counts[kind] = counts.get(kind, 0) + 1
+        last_t_ns = int(event["t_ns"])
+        data = event.get("data") or {}
+        if kind == "frame" and "file" in data and "sha256" in data:
+            stills.setdefault(str(data["sha256"]), str(data["file"]))
+        elif kind == "frame" and "video" in data:
+            referenced.setdefault(str(data["video"]), []).append(int(data.get("pts_ns", 0)))
+        elif kind == "media":
+            finished.add(str(data.get("file")))
+    indices = [int(f.stem) for f in (path / "video").glob("*.mp4") if f.stem.isdigit()]
+    return _Recovered(
+        manifest=manifest,
+        events=len(lines),
+        head=head,
+        counts=counts,
+        last_t_ns=last_t_ns,
+        torn=torn,
+        keep_bytes=len(raw) - len(torn),
+        stills=stills,
+        next_segment=max(indices, default=-1) + 1,
+        unfinished={k: v for k, v in referenced.items() if k not in finished},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SealReport:
+    """What :func:`seal` did.
+
+    Attributes:
+        bundle: the bundle directory.
+        last_intact_seq: the last event the dead writer completed (``None``: none).
+        reason: why the recording ended (as written to the bundle).
+        torn_tail_bytes: bytes of an incomplete last line that were cut off.
+        unfinished_video: the segment(s) the writer left open, each
+            ``{"file", "frames", "frames_recorded", "playable"}``.
+    """
+
+    bundle: Path
+    last_intact_seq: int | None
+    reason: str
+    torn_tail_bytes: int
+    unfinished_video: tuple[dict[str, Any], ...]
+
+
+def seal(bundle: Path, clock: Clock, *, reason: str) -> SealReport:
+    """Close a bundle whose writer died as ``truncated``.
+
+    Cuts a torn last line, chains a ``media`` event for each segment left unfinished
+    (``truncated: true``; its frames up to the last complete fragment still play), appends
+    a ``lifecycle`` ``{"event": "truncated", "reason", "last_intact_seq", ...}`` event and
+    writes the manifest with ``status: "truncated"`` and ``truncated_reason`` (the fields
+    :func:`orchestrator.storage.truncated_manifest` gives a stored copy sealed without its
+    media). ``deskvm replay verify`` then reports "intact up to event N, truncated" (exit
+    code 3).
+
+    Args:
+        bundle: the recording directory.
+        clock: time of the sealing events.
+        reason: why the recording stopped, e.g. ``"the bridge server was killed"``.
+
+    Raises:
+        RecorderError: a live process still writes it, it is already closed, it is not a
+            bundle, or it does not verify (it is left as it is).
+    """
+    recorder = FileRecorder.reopen(bundle, clock, reason=reason, mark_gap=False)
+    last = recorder.resumed_after_seq
+    data: dict[str, Any] = {
+        "event": "truncated",
+        "reason": reason,
+        "last_intact_seq": last,
+        "last_intact_t_ns": recorder.resumed_after_t_ns,
+        "torn_tail_bytes": recorder.torn_tail_bytes,
+        "unfinished_video": list(recorder.closed_off),
+    }
+    recorder.append("lifecycle", data)
+    recorder.close(status="truncated", truncated_reason=reason)
+    return SealReport(
+        bundle=bundle,
+        last_intact_seq=last,
+        reason=reason,
+        torn_tail_bytes=recorder.torn_tail_bytes,
+        unfinished_video=tuple(recorder.closed_off),
+    )

@@ -142,12 +142,20 @@ class VerifyReport:
         first_bad_seq: the first event (line number, 0-based) that is changed, missing,
             reordered or references changed media; ``None`` if none is.
         problem: what is wrong at ``first_bad_seq`` (or with the bundle as a whole).
-        closed: the manifest says ``closed`` (``False``: the writer crashed or is still
-            writing; the chain is then verified up to its last complete line).
+        closed: the manifest's status is not ``recording`` (``False``: the writer crashed
+            or is still writing; the chain is then verified up to its last complete line).
         torn_tail_bytes: bytes of an incomplete last line (a crash mid-write).
         unfinished_video: video segments without a ``media`` event (not finished when the
             recording stopped); frames in them fall back to stills.
         media_checked: media files whose sha256 was recomputed.
+        truncated: for a bundle sealed as truncated (``deskvm replay seal``, a server
+            start after a crash, or the scale-out shipper for a lost node):
+            ``{"last_intact_seq", "reason"}``; ``ok`` is then ``True`` when the seal and
+            everything before it verify (``deskvm replay verify`` exits 3).
+        gaps: ``marker`` ``gap`` events (a bridge restart the session survived), each
+            ``{"seq", "reason", "after_seq", "gap_s"}``.
+        truncated_video: segments a dead writer left open, closed off afterwards, each
+            ``{"file", "frames", "frames_recorded", "playable"}``.
     """
 
     ok: bool
@@ -159,6 +167,9 @@ class VerifyReport:
     unfinished_video: list[str] = field(default_factory=list)
     media_checked: int = 0
     last_t_s: float = 0.0
+    truncated: dict[str, Any] | None = None
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    truncated_video: list[dict[str, Any]] = field(default_factory=list)
 
 
 def verify(bundle: Path) -> VerifyReport:
@@ -229,6 +240,15 @@ def verify(bundle: Path) -> VerifyReport:
             if _sha_or_empty(bundle / name) != data.get("sha256"):
                 return bad(index, f"video segment {name} of event {index} was changed")
             finished.add(name)
+            if data.get("truncated"):
+                report.truncated_video.append(
+                    {k: data.get(k) for k in ("file", "frames", "frames_recorded", "playable")}
+                )
+        elif kind == "marker" and data.get("event") == "gap":
+            report.gaps.append(
+                {"seq": index, "reason": data.get("reason"), "after_seq": data.get("after_seq"),
+                 "gap_s": data.get("gap_s")}
+            )  # fmt: skip
     report.unfinished_video = sorted(referenced - finished)
     if tail:
         report.problem = (
@@ -260,12 +280,19 @@ def verify(bundle: Path) -> VerifyReport:
             report.problem = f"media file {name} differs from the manifest's hash"
             return report
     if status == "truncated":
-        report.closed = False
-        report.problem = (
-            f"truncated ({manifest.get('truncated_reason') or 'the writer died'}); "
-            f"intact up to event {report.events - 1}"
-        )
-        return report
+        # Sealed after its writer died: by `deskvm replay seal` / a server start (the last
+        # event is the chained `truncated` lifecycle event naming the last intact one), or
+        # as a stored copy by the scale-out shipper (no event: its last event is it).
+        last_event = json.loads(lines[-1].decode("utf-8")) if lines else {}
+        sealed = last_event.get("data") or {}
+        if last_event.get("kind") == "lifecycle" and sealed.get("event") == "truncated":
+            last_intact = sealed.get("last_intact_seq")
+        else:
+            last_intact = report.events - 1 if report.events else None
+        report.truncated = {
+            "last_intact_seq": last_intact,
+            "reason": manifest.get("truncated_reason") or sealed.get("reason") or "",
+        }
     report.ok = True
     report.problem = ""
     return report
@@ -323,7 +350,13 @@ class Recording:
         self.origin_ns = int(
             self.manifest.get("monotonic_origin_ns", self.events[0]["t_ns"] if self.events else 0)
         )
-        finished = {str(e["data"].get("file")) for e in self.events if e.get("kind") == "media"}
+        # Segments with a media event, and how many of their frames decode (all of them,
+        # but a segment a dead writer left open was closed off with what still plays).
+        finished = {
+            str(e["data"].get("file")): int(e["data"].get("frames", 0))
+            for e in self.events
+            if e.get("kind") == "media"
+        }
         # Frames sorted by pts: (pts_ns, seq). Captures of an unfinished segment (a crash,
         # or the segment a live session is writing) are left out unless it decodes.
         self._frames: list[tuple[int, int]] = []
@@ -341,7 +374,10 @@ class Recording:
             if data.get("reason") in _STEP_STILLS and last_input is not None:
                 self._input_still.setdefault(last_input, seq)
             video = data.get("video")
-            if video is not None and video not in finished:
+            if video is not None and video in finished:
+                if int(data.get("index", 0)) >= finished[video]:
+                    continue
+            elif video is not None:
                 if video not in readable:
                     try:
                         readable[video] = len(decode_segment(bundle / video))
@@ -603,10 +639,16 @@ def export_mp4(bundle: Path, out: Path, *, fps: float = 5.0) -> int:
     t = (first - recording.origin_ns) / 1e9
     writer: SegmentWriter | None = None
     count = 0
+    display = recording.manifest.get("display") or {}
+    canvas = (int(display.get("width", 0)), int(display.get("height", 0)))
+    if not all(canvas):
+        canvas = recording.frame_image(seq0).size
     try:
         while t <= recording.duration_s + 1e-9:
             _, image = recording.frame_at(t)
-            image = image.copy()
+            # Frames of another size (the boot console before the desktop's mode is set)
+            # are scaled into the display's size, centred.
+            image = _fit(image, canvas) if image.size != canvas else image.copy()
             draw = ImageDraw.Draw(image)
             i = bisect.bisect_right(pointer_times, t)
             cursor = pointer[i - 1][1] if i else None
@@ -628,3 +670,13 @@ def export_mp4(bundle: Path, out: Path, *, fps: float = 5.0) -> int:
         if writer is not None:
             writer.close()
     return count
+
+
+def _fit(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """``image`` scaled to fit ``size`` (aspect kept), centred on black."""
+    scale = min(size[0] / image.width, size[1] / image.height)
+    inner = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    out = Image.new("RGB", size, (0, 0, 0))
+    resized = image.convert("RGB").resize(inner, Image.Resampling.BILINEAR)
+    out.paste(resized, ((size[0] - inner[0]) // 2, (size[1] - inner[1]) // 2))
+    return out

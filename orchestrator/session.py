@@ -298,6 +298,7 @@ class Session:
             if self._egress is not None and self.spec.egress is not None:
                 self._attach_egress()
             self._domain = self._hypervisor.start(self.spec, nic=self._nic)
+            self._start_capture()  # the boot is recorded too (capture starts at domain start)
             self._wait_ready(t0)
         except BaseException as exc:
             self._state = "failed"
@@ -314,7 +315,10 @@ class Session:
                 raise SessionClosed(f"session {self.id} was closed while starting")
             self._state = "ready"
         self._recorder.append("lifecycle", {"event": "ready", "boot_s": round(self.boot_s, 3)})
-        if self._capture_fps is not None and self._domain is not None:
+
+    def _start_capture(self) -> None:
+        """Start continuous capture (if configured) of the running domain's screen."""
+        if self._capture_fps is not None and self._domain is not None and self._frames is None:
             self._frames = FrameCapture(
                 self._domain.display, self._recorder, self._clock, fps=self._capture_fps
             )

@@ -1,9 +1,12 @@
 """Continuous capture as a segmented H.264 video (PyAV), and reading frames back out.
 
 A recording's continuous capture is cut into short, self-contained MP4 *segments*
-(``video/000000.mp4``, ``video/000001.mp4``...). A segment is finished (``moov`` written,
-file closed) every ``segment_s`` seconds of capture, so a crash (kill -9) loses at most the
-segment being written: every finished segment stays playable. Frames have variable timing
+(``video/000000.mp4``, ``video/000001.mp4``...). A segment is finished (file closed) every
+``segment_s`` seconds of capture and whenever the frame size changes (a segment has one
+size). Segments are *fragmented* MP4 (``empty_moov``, a ``moof``/``mdat`` fragment about
+every :data:`FRAGMENT_S` seconds, each written out as soon as it is complete): a crash
+(kill -9) leaves the segment being written playable up to its last complete fragment, so
+it loses at most the frames of the fragment in progress. Frames have variable timing
 (unchanged frames are skipped): each frame's ``pts`` is its capture time in milliseconds
 since the segment's first frame (``time_base`` = 1/1000 s), and the recording's ``frame``
 events map each (segment, index) to the exact monotonic ``pts_ns``.
@@ -25,9 +28,19 @@ from PIL import Image
 
 from orchestrator.errors import RecorderError
 
-__all__ = ["CODEC", "SegmentWriter", "decode_segment", "file_sha256", "pixel_hash"]
+__all__ = [
+    "CODEC",
+    "FRAGMENT_S",
+    "SegmentWriter",
+    "count_decodable_frames",
+    "decode_segment",
+    "file_sha256",
+    "pixel_hash",
+]
 
 CODEC = "libx264"
+FRAGMENT_S = 1.0
+"""Length of one MP4 fragment, seconds of capture: the most a crash loses of a segment."""
 _TIME_BASE = Fraction(1, 1000)
 
 
@@ -78,6 +91,8 @@ class SegmentWriter:
         preset: str = "ultrafast",
     ) -> None:
         self.path = path
+        self.size_px = (width_px, height_px)
+        """The frame size this segment takes (as given; encoded cropped to even)."""
         self.width_px = width_px - width_px % 2
         self.height_px = height_px - height_px % 2
         self.frames = 0
@@ -85,7 +100,18 @@ class SegmentWriter:
         self.last_pts_ns: int | None = None
         self._last_pts_ms = -1
         try:
-            self._container: Any = av.open(str(path), mode="w", format="mp4")
+            self._container: Any = av.open(
+                str(path),
+                mode="w",
+                format="mp4",
+                options={
+                    # Fragmented MP4: an empty moov first, then self-contained fragments
+                    # flushed as they complete (a killed writer leaves a playable prefix).
+                    "movflags": "frag_keyframe+empty_moov+default_base_moof",
+                    "frag_duration": str(int(FRAGMENT_S * 1_000_000)),
+                    "flush_packets": "1",
+                },
+            )
             stream: Any = self._container.add_stream(CODEC, rate=1000)
             stream.width = self.width_px
             stream.height = self.height_px
@@ -171,3 +197,19 @@ def decode_segment(path: Path) -> list[Image.Image]:
     while len(_CACHE) > _CACHE_SEGMENTS:
         _CACHE.popitem(last=False)
     return frames
+
+
+def count_decodable_frames(path: Path) -> int:
+    """How many frames of a segment decode, from the start up to the first error.
+
+    For the segment a killed writer left behind: a fragmented MP4 decodes up to its last
+    complete fragment. ``0`` for a missing, empty or unreadable file; never raises.
+    """
+    count = 0
+    try:
+        with av.open(str(path)) as container:
+            for _frame in container.decode(video=0):
+                count += 1
+    except (av.FFmpegError, OSError, ValueError, EOFError):
+        pass
+    return count

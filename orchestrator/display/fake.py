@@ -41,6 +41,9 @@ class FakeDisplay:
         on_line: called with each line "typed" (on Return).
         horizontal_wheel: whether it takes horizontal wheel events (a QEMU 8.1+ host);
             when not, the session scrolls sideways through the guest helper.
+        boot_screens: how many screendumps show a boot console first (a text screen of
+            ``boot_size_px``, as a real guest shows before X starts).
+        boot_size_px: the boot console's size.
     """
 
     def __init__(
@@ -51,7 +54,11 @@ class FakeDisplay:
         background_rgb: tuple[int, int, int] = (0x2E, 0x4A, 0x62),
         on_line: Callable[[str], None] | None = None,
         horizontal_wheel: bool = True,
+        boot_screens: int = 0,
+        boot_size_px: tuple[int, int] = (720, 400),
     ) -> None:
+        self.boot_screens = boot_screens
+        self.boot_size_px = boot_size_px
         self.has_horizontal_wheel = horizontal_wheel
         self.width_px = width_px
         self.height_px = height_px
@@ -71,6 +78,12 @@ class FakeDisplay:
             if self.fail_next_screendump is not None:
                 exc, self.fail_next_screendump = self.fail_next_screendump, None
                 raise exc
+            if self.boot_screens > 0:
+                self.boot_screens -= 1
+                console = Image.new("RGB", self.boot_size_px, (0, 0, 0))
+                text = f"[    {self.boot_screens:2d}.000000] booting"
+                ImageDraw.Draw(console).text((4, 4), text, fill=(170, 170, 170))
+                return console
             image = Image.new("RGB", (self.width_px, self.height_px), self.background_rgb)
             draw = ImageDraw.Draw(image)
             w, h = self.width_px, self.height_px

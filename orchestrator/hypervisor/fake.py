@@ -22,7 +22,12 @@ class FakeDomain:
     """A pretend running domain (see :class:`~orchestrator.hypervisor.base.Domain`)."""
 
     def __init__(
-        self, spec: SessionSpec, nic: NicAttachment | None, *, horizontal_wheel: bool = True
+        self,
+        spec: SessionSpec,
+        nic: NicAttachment | None,
+        *,
+        horizontal_wheel: bool = True,
+        boot_screens: int = 0,
     ) -> None:
         self.spec = spec
         self.nic = nic
@@ -37,6 +42,7 @@ class FakeDomain:
             background_rgb=spec.image.background_rgb,
             on_line=self._on_line,
             horizontal_wheel=horizontal_wheel,
+            boot_screens=boot_screens,
         )
         self._helper = (
             FakeGuestHelper(self._display) if spec.image.helper_port is not None else None
@@ -94,6 +100,8 @@ class FakeHypervisor:
         accel: what the fake host "probed".
         horizontal_wheel: whether the fake displays take horizontal wheel events (a QEMU
             8.1+ host); ``False`` models this project's QEMU 7.2 host.
+        boot_screens: screendumps of each new domain that show a 720x400 boot console
+            before the desktop (see :class:`~orchestrator.display.fake.FakeDisplay`).
 
     Attributes:
         domains: running fake domains by session id.
@@ -101,9 +109,12 @@ class FakeHypervisor:
         started, destroyed: session ids in call order.
     """
 
-    def __init__(self, *, accel: Accel = "tcg", horizontal_wheel: bool = True) -> None:
+    def __init__(
+        self, *, accel: Accel = "tcg", horizontal_wheel: bool = True, boot_screens: int = 0
+    ) -> None:
         self._accel: Accel = accel
         self._horizontal_wheel = horizontal_wheel
+        self._boot_screens = boot_screens
         self.domains: dict[str, FakeDomain] = {}
         self.fail_on: set[str] = set()
         self.started: list[str] = []
@@ -126,7 +137,12 @@ class FakeHypervisor:
                 raise HypervisorError(f"injected failure defining {spec.session_id}")
             if spec.session_id in self.domains:
                 raise HypervisorError(f"session {spec.session_id} already exists")
-            domain = FakeDomain(spec, nic, horizontal_wheel=self._horizontal_wheel)
+            domain = FakeDomain(
+                spec,
+                nic,
+                horizontal_wheel=self._horizontal_wheel,
+                boot_screens=self._boot_screens,
+            )
             self.domains[spec.session_id] = domain
             if self._injected("start"):
                 raise HypervisorError(f"injected failure starting {spec.session_id}")

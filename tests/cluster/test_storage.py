@@ -122,7 +122,8 @@ def test_fetch_missing(tmp_path: Path, bucket: str) -> None:
 
 def test_seal_truncated(tmp_path: Path, bucket: str) -> None:
     """A writer that died: the stored prefix is sealed 'truncated' and verifies as far
-    as it goes (exit 2 from deskvm replay verify); a torn last line is dropped."""
+    as it goes (exit 3 from deskvm replay verify: "intact up to event N, truncated"); a
+    torn last line is dropped."""
     store = open_store(f"s3://{bucket}/deskvm")
     bundle = tmp_path / "rec"
     shipper = BundleShipper(bundle, store, SESSION_ID)
@@ -144,16 +145,19 @@ def test_seal_truncated(tmp_path: Path, bucket: str) -> None:
     assert sealed["truncated_reason"] == "session_lost: node n2 died"
     fetched = fetch_bundle(f"s3://{bucket}/deskvm/{SESSION_ID}", tmp_path / "fetched")
     report = verify(fetched)
-    assert not report.ok and not report.closed and report.first_bad_seq is None
+    assert report.ok and report.closed and report.first_bad_seq is None
     assert report.events == shipped[-1]
-    assert "truncated" in report.problem
+    assert report.truncated == {
+        "last_intact_seq": shipped[-1] - 1,
+        "reason": "session_lost: node n2 died",
+    }
     # Sealing again changes nothing.
     assert seal_truncated(store, SESSION_ID, reason="again", ended_at="x")["truncated_reason"] == (
         "session_lost: node n2 died"
     )
     result = CliRunner().invoke(cli_app, ["replay", "verify", f"s3://{bucket}/deskvm/{SESSION_ID}"])
-    assert result.exit_code == 2, result.output
-    assert "truncated" in result.output
+    assert result.exit_code == 3, result.output
+    assert f"intact up to event {shipped[-1] - 1}, truncated" in result.output
 
 
 def test_replay_cli_reads_s3_and_directories(tmp_path: Path, bucket: str) -> None:

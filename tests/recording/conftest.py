@@ -38,6 +38,7 @@ def record(
     segment_s: float = 10.0,
     hypervisor: FakeHypervisor | None = None,
     between: Any = None,
+    ready_poll_s: float = 0.5,
 ) -> Path:
     """Run a fake session with ``actions`` into a bundle at ``path``; returns ``path``."""
     clock = clock or FakeClock()
@@ -59,7 +60,7 @@ def record(
         recorder=recorder,
         clock=clock,
         pacing=Pacing(0, 0, 0, 0, 0),
-        ready_poll_s=0.5,
+        ready_poll_s=ready_poll_s,
         capture_fps=capture_fps,
     ) as session:
         for body in actions:
