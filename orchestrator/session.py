@@ -20,7 +20,6 @@ import contextlib
 import io
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -45,7 +44,13 @@ from orchestrator.approval import ApprovalPolicy, TypedWindow
 from orchestrator.capture import FrameCapture
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
-from orchestrator.egress.base import Egress, EgressAttachment, NetworkDecision
+from orchestrator.egress.base import (
+    RETRY_WINDOW_S,
+    Egress,
+    EgressAttachment,
+    NetworkDecision,
+    merge_retries,
+)
 from orchestrator.errors import (
     ActionError,
     BootTimeout,
@@ -61,10 +66,12 @@ from orchestrator.recorder import Recorder, Source
 from orchestrator.spec import SessionSpec
 
 __all__ = [
+    "DECISION_LOG_LAG_S",
     "PROBE_READY_MARKER",
     "READY_MARKER",
     "Session",
     "SessionState",
+    "decision_from_json",
     "decision_to_json",
     "desktop_drawn",
     "encode_png",
@@ -74,6 +81,9 @@ __all__ = [
 READY_MARKER = b"DESKVM_READY"
 PROBE_READY_MARKER = b'"ev":"probe_ready"'
 """The input probe's readiness line on the guest log (mapped, full-screen, text focused)."""
+
+DECISION_LOG_LAG_S = 2.0
+"""How late an egress decision may reach its log (dnsmasq stamps whole seconds)."""
 
 HELPER_ANNOUNCE_WAIT_S = 5.0
 """How long an action that needs the guest helper waits for it to announce itself, s."""
@@ -98,10 +108,12 @@ def decision_to_json(decision: NetworkDecision) -> dict[str, Any]:
 
     Returns:
         ``{"ts_ns", "kind", "reason", "protocol", "src", "src_port", "dst", "dst_port",
-        "query", "qtype", "answers"}``; ``ts_ns`` is ``CLOCK_MONOTONIC`` ns of this host
-        (when the decision was taken, see
+        "query", "qtype", "answers", "attempts", "last_ts_ns"}``; ``ts_ns`` is
+        ``CLOCK_MONOTONIC`` ns of this host (when the decision was taken, see
         :class:`~orchestrator.egress.base.NetworkDecision`), ports and DNS fields ``None``
-        where they do not apply.
+        where they do not apply; ``attempts`` counts the guest's repeats of the same
+        request (``last_ts_ns`` is the last one's time, see
+        :func:`~orchestrator.egress.base.merge_retries`).
     """
     return {
         "ts_ns": decision.ts_ns,
@@ -115,7 +127,29 @@ def decision_to_json(decision: NetworkDecision) -> dict[str, Any]:
         "query": decision.query,
         "qtype": decision.qtype,
         "answers": list(decision.answers),
+        "attempts": decision.attempts,
+        "last_ts_ns": decision.last_ts_ns if decision.last_ts_ns is not None else decision.ts_ns,
     }
+
+
+def decision_from_json(data: Mapping[str, Any], session_id: str) -> NetworkDecision:
+    """The inverse of :func:`decision_to_json` (a recorded ``network`` event's data)."""
+    return NetworkDecision(
+        ts_ns=int(data["ts_ns"]),
+        kind=data["kind"],
+        session_id=session_id,
+        reason=str(data["reason"]),
+        protocol=str(data["protocol"]),
+        src=data.get("src"),
+        src_port=data.get("src_port"),
+        dst=data.get("dst"),
+        dst_port=data.get("dst_port"),
+        query=data.get("query"),
+        qtype=data.get("qtype"),
+        answers=tuple(data.get("answers") or ()),
+        attempts=int(data.get("attempts", 1)),
+        last_ts_ns=data.get("last_ts_ns"),
+    )
 
 
 def desktop_drawn(
@@ -208,7 +242,9 @@ class Session:
         self.egress_attachment: EgressAttachment | None = None
         self._network_poll_s = network_poll_s
         self._decisions: list[NetworkDecision] = []
-        self._decisions_seen: Counter[NetworkDecision] = Counter()
+        # (retry key, first attempt's ts_ns) of each decision already recorded
+        self._decisions_seen: set[tuple[tuple[object, ...], int]] = set()
+        self._open_decisions: list[NetworkDecision] = []
         self._drain_lock = threading.Lock()
         self._poller_stop = threading.Event()
         self._poller: threading.Thread | None = None
@@ -356,14 +392,19 @@ class Session:
             with contextlib.suppress(DeskvmError):
                 self.drain_network()
 
-    def drain_network(self) -> list[NetworkDecision]:
+    def drain_network(self, *, final: bool = False) -> list[NetworkDecision]:
         """Append egress decisions not yet recorded to the recording (``network`` events).
 
-        Called by the poller thread every ``network_poll_s``, at teardown, and by readers
-        that want an up-to-date view. A no-op for sessions without egress.
+        Called by the poller thread every ``network_poll_s``, at teardown (``final``), and
+        by readers that want an up-to-date view. A no-op for sessions without egress.
+
+        Repeats of one request are one decision (``attempts``, see
+        :func:`~orchestrator.egress.base.merge_retries`), so a decision is recorded once
+        no repeat can follow: :data:`~orchestrator.egress.base.RETRY_WINDOW_S` plus
+        :data:`DECISION_LOG_LAG_S` after its last attempt (at teardown: at once).
 
         Returns:
-            The decisions that were new, oldest first.
+            The decisions recorded now, oldest first.
 
         Raises:
             EgressError: the decision logs could not be read.
@@ -372,12 +413,23 @@ class Session:
         if self._egress is None or self.egress_attachment is None:
             return []
         with self._drain_lock:
-            current = Counter(self._egress.decisions(self.id))
-            new = sorted((current - self._decisions_seen).elements(), key=lambda d: d.ts_ns)
-            for decision in new:
+            merged = merge_retries(self._egress.decisions(self.id))
+            settle_ns = int((RETRY_WINDOW_S + DECISION_LOG_LAG_S) * 1e9)
+            now_ns = self._clock.monotonic_ns()
+            new, still_open = [], []
+            for decision in merged:
+                ident = (decision.retry_key, decision.ts_ns)
+                if ident in self._decisions_seen:
+                    continue
+                last_ns = decision.last_ts_ns if decision.last_ts_ns is not None else 0
+                if not final and now_ns - last_ns <= settle_ns:
+                    still_open.append(decision)
+                    continue
                 self._recorder.append("network", decision_to_json(decision))
-                self._decisions_seen[decision] += 1
+                self._decisions_seen.add(ident)
                 self._decisions.append(decision)
+                new.append(decision)
+            self._open_decisions = still_open
             return new
 
     def network_decisions(self) -> list[NetworkDecision]:
@@ -394,7 +446,7 @@ class Session:
         if self._state in ("starting", "ready"):
             self.drain_network()
         with self._drain_lock:
-            return sorted(self._decisions, key=lambda d: d.ts_ns)
+            return sorted([*self._decisions, *self._open_decisions], key=lambda d: d.ts_ns)
 
     def _wait_ready(self, t0_ns: int) -> None:
         assert self._domain is not None
@@ -498,7 +550,7 @@ class Session:
         if self._poller is not None and self._poller is not threading.current_thread():
             self._poller.join(timeout=10)
         try:
-            self.drain_network()
+            self.drain_network(final=True)
         except DeskvmError as exc:
             errors.append(f"egress decisions: {exc.message}")
         try:

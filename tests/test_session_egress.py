@@ -31,8 +31,9 @@ def make(
     hv: FakeHypervisor | None = None,
     policy: EgressPolicy | None = POLICY,
     recorder: MemoryRecorder | None = None,
+    clock: FakeClock | None = None,
 ) -> tuple[Session, FakeHypervisor, MemoryRecorder]:
-    clock = FakeClock()
+    clock = clock or FakeClock()
     hv = hv or FakeHypervisor()
     recorder = recorder or MemoryRecorder(clock)
     spec = SessionSpec(SID, IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5, egress=policy)

@@ -8,6 +8,7 @@ real host, :class:`FakeEgress` in in-process tests. Errors of the tools behind t
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from orchestrator.spec import EgressPolicy
 __all__ = [
     "BRIDGE_PREFIX",
     "GUEST_PORT_PREFIX",
+    "RETRY_WINDOW_S",
     "DecisionKind",
     "Egress",
     "EgressAttachment",
@@ -27,6 +29,7 @@ __all__ = [
     "NetworkDecision",
     "bridge_name",
     "guest_port_name",
+    "merge_retries",
 ]
 
 GUEST_PORT_PREFIX = "dvg"
@@ -196,6 +199,9 @@ class NetworkDecision:
         query: DNS name asked (DNS decisions only).
         qtype: DNS record type asked (``"A"``, ``"AAAA"``...).
         answers: addresses (or CNAME targets) given to the guest.
+        attempts: how many times the guest sent this same request in a row (see
+            :func:`merge_retries`); 1 for a decision as the logs give it.
+        last_ts_ns: time of the last attempt (``None``: the same as ``ts_ns``).
     """
 
     ts_ns: int
@@ -210,6 +216,62 @@ class NetworkDecision:
     query: str | None = None
     qtype: str | None = None
     answers: tuple[str, ...] = ()
+    attempts: int = 1
+    last_ts_ns: int | None = None
+
+    @property
+    def retry_key(self) -> tuple[object, ...]:
+        """What a retransmission of the same request has in common with it."""
+        return (
+            self.kind, self.reason, self.protocol, self.src, self.src_port, self.dst,
+            self.dst_port, self.query, self.qtype, self.answers,
+        )  # fmt: skip
+
+
+RETRY_WINDOW_S = 2.0
+"""Requests repeated within this many seconds of the previous attempt are one decision."""
+
+
+def merge_retries(
+    decisions: list[NetworkDecision], *, window_s: float = RETRY_WINDOW_S
+) -> list[NetworkDecision]:
+    """One decision per request, however often the guest sent it.
+
+    Guests repeat requests: systemd-resolved (Debian 12) asks every name that gets
+    NXDOMAIN a second time, from the same port, at a lower EDNS feature level (its
+    DVE-2018-0001 mitigation); TCP retransmits a SYN that is dropped; ``ping`` sends one
+    echo per second. The logs show each datagram, so the same decision appeared several
+    times with identical fields. Here a decision equal to an earlier one in everything but
+    time (:attr:`NetworkDecision.retry_key`) that comes at most ``window_s`` after that
+    one's last attempt is merged into it: ``attempts`` counts them, ``last_ts_ns`` is the
+    last one's time. Nothing is dropped: the count says how often it was tried.
+
+    Args:
+        decisions: as the egress logs give them (any order).
+        window_s: the longest pause between attempts of one request, seconds.
+
+    Returns:
+        The merged decisions, ordered by their first attempt.
+    """
+    window_ns = int(window_s * 1e9)
+    out: list[NetworkDecision] = []
+    open_by_key: dict[tuple[object, ...], int] = {}
+    for decision in sorted(decisions, key=lambda d: d.ts_ns):
+        key = decision.retry_key
+        index = open_by_key.get(key)
+        if index is not None:
+            merged = out[index]
+            last = merged.last_ts_ns if merged.last_ts_ns is not None else merged.ts_ns
+            if decision.ts_ns - last <= window_ns:
+                out[index] = dataclasses.replace(
+                    merged,
+                    attempts=merged.attempts + decision.attempts,
+                    last_ts_ns=decision.last_ts_ns or decision.ts_ns,
+                )
+                continue
+        open_by_key[key] = len(out)
+        out.append(dataclasses.replace(decision, last_ts_ns=decision.last_ts_ns or decision.ts_ns))
+    return out
 
 
 @runtime_checkable
