@@ -1,8 +1,14 @@
-"""The approval gate: hold an action for an operator when the session's policy says so."""
+"""The approval gate: hold an action for an operator when the session's policy says so.
+
+The session decides *whether* (``Session.approval_reason``: its policy, its recent typed
+text) and calls :func:`hold` under its action lock (``Session.execute(gate=...)``); this
+module files the pending action, records the request and the decision, and waits.
+"""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from agent_bridge.protocol.actions import Action, Screenshot, action_name, action_to_dict
 from agent_bridge.protocol.results import ImageResult
@@ -10,24 +16,31 @@ from orchestrator.approval import ApprovalDenied, ApprovalDesk, ApprovalPolicy, 
 from orchestrator.errors import DeskvmError
 from orchestrator.session import Session
 
-__all__ = ["gate"]
+__all__ = ["gate", "hold"]
 
 
-def gate(
-    session: Session, action: Action, policy: ApprovalPolicy | None, desk: ApprovalDesk
+def gate(session: Session, desk: ApprovalDesk) -> Callable[[Action, str], None]:
+    """The ``gate`` argument of ``session.execute``: holds what its policy says at ``desk``."""
+
+    def check(action: Action, reason: str) -> None:
+        hold(session, action, reason, session.approval_policy or ApprovalPolicy(), desk)
+
+    return check
+
+
+def hold(
+    session: Session, action: Action, reason: str, policy: ApprovalPolicy, desk: ApprovalDesk
 ) -> None:
-    """Hold ``action`` for an operator if ``policy`` says so; return only if approved.
+    """Hold ``action`` (held for ``reason``) for an operator; return only if approved.
 
-    Blocking (call it from a worker thread). The request (with the frame the operator sees)
-    and the decision (with who decided) are appended to the session's recording.
+    Blocking (call it from a worker thread; the session calls it under its action lock).
+    The request (with the frame the operator sees) and the decision (with who decided) are
+    appended to the session's recording.
 
     Raises:
         ApprovalDenied: an operator denied it (or the session ended meanwhile).
         ApprovalTimeout: nobody decided before ``policy.timeout_s``.
     """
-    reason = policy.reason(action) if policy is not None else None
-    if reason is None or policy is None:
-        return
     frame, frame_seq = b"", None
     with contextlib.suppress(DeskvmError):
         shot = session.execute(Screenshot(), source="system")

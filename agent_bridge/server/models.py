@@ -267,6 +267,10 @@ class NetworkDecisionModel(BaseModel):
     query: str | None = Field(description="DNS decisions: the name asked")
     qtype: str | None
     answers: list[str]
+    attempts: int = Field(
+        1, description="how often the guest sent this same request (retries are counted here)"
+    )
+    last_ts_ns: int | None = Field(None, description="CLOCK_MONOTONIC ns of the last attempt")
 
 
 class CursorModel(BaseModel):

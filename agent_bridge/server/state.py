@@ -1,8 +1,9 @@
 """What the routers share: one :class:`BridgeState` per app, kept on ``app.state.bridge``.
 
 Routers never close over globals; they reach the manager, settings, token authority,
-approval desk, policies and rate limits through the :func:`agent_bridge.server.deps.bridge`
-dependency, which reads this object.
+approval desk and rate limits through the :func:`agent_bridge.server.deps.bridge`
+dependency, which reads this object. Each session's approval policy lives on the session
+(``Session.approval_policy``), which persists it with the rest of its state.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import anyio.to_thread
 from agent_bridge.server.models import SessionInfo
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.tokens import TokenAuthority
-from orchestrator.approval import ApprovalDesk, ApprovalPolicy
+from orchestrator.approval import ApprovalDesk
 from orchestrator.errors import DeskvmError
 from orchestrator.manager import SessionManager
 from orchestrator.session import Session
@@ -55,7 +56,6 @@ class BridgeState:
         admin_token: the server's bearer token (never logged).
         authority: mints and verifies session tokens.
         desk: where held actions wait for an operator.
-        policies: approval policy per session id (absent: nothing is held).
         limits: per-session action and typing rate limits.
         book: wall-clock creation/ready times.
     """
@@ -66,7 +66,6 @@ class BridgeState:
     authority: TokenAuthority
     desk: ApprovalDesk
     limits: RateLimits
-    policies: dict[str, ApprovalPolicy] = field(default_factory=dict)
     book: SessionBook = field(default_factory=SessionBook)
 
     @property
@@ -89,8 +88,6 @@ class BridgeState:
         known = {s.id for s in self.manager.all()}
         self.book.prune(known)
         self.limits.forget(known)
-        for session_id in [k for k in self.policies if k not in known]:
-            del self.policies[session_id]
 
     async def delete_quietly(self, session_id: str, reason: str) -> None:
         """Delete a session in a worker thread, logging (not raising) a teardown failure."""

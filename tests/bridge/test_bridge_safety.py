@@ -480,3 +480,24 @@ def test_a_sessions_admin_cannot_revoke_or_decide_for_another_session(
     )
     thread.join(timeout=10)
     assert results[0]["error"]["code"] == "approval_denied"
+
+
+def test_a_text_rule_cannot_be_split_over_actions_or_connections(
+    client: TestClient, hypervisor: FakeHypervisor
+) -> None:
+    """Issue 10, section 5: ``rm -`` then ``rf`` (another message, another connection,
+    key presses) is held like ``rm -rf`` in one action."""
+    info = _create(client, approval={"text_patterns": [r"rm\s+-rf"], "timeout_s": 5})
+    sid = info["id"]
+    seen: list[dict[str, Any]] = []
+    worker = threading.Thread(target=_operator, args=(client, sid, "deny", seen))
+    worker.start()
+    with client.websocket_connect(f"/v1/sessions/{sid}/ws") as a:
+        assert _ask(a, {"id": 1, "action": "type", "text": "rm -"})["ok"] is True
+    with client.websocket_connect(f"/v1/sessions/{sid}/ws") as b:
+        reply = _ask(b, {"id": 2, "action": "key", "keys": "r f Return"})
+        worker.join()
+        assert reply["error"]["code"] == "approval_denied"
+        assert _ask(b, {"id": 3, "action": "key", "keys": "Return"})["ok"] is True
+    assert seen and seen[0]["reason"] == r"recent typed text matches 'rm\\s+-rf'"
+    assert "rm -rf" not in hypervisor.domains[sid].read_guest_log().decode()

@@ -77,13 +77,11 @@ async def session_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> N
         return
     offered = offered_subprotocols(websocket)
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    policies, desk = bridge.policies, bridge.desk
+    desk = bridge.desk
     connection = _Connection(websocket, bridge, session_id)
     connection.principal = principal
     connection.limits = bridge.limits
-    connection.gate = lambda session, action: gate(
-        session, action, policies.get(session.id), desk
-    )
+    connection.gate = lambda session: gate(session, desk)
     await connection.run()
 
 
@@ -99,7 +97,7 @@ class _Connection:
         self._closed = False
         self.principal: Principal = ADMIN
         self.limits: RateLimits | None = None
-        self.gate: Callable[[Session, Action], None] | None = None
+        self.gate: Callable[[Session], Callable[[Action, str], None]] | None = None
         self.scaler: Scaler | None = None
         self._strikes = 0
 
@@ -290,7 +288,7 @@ def _execute_all(
     raw: Mapping[str, Any] | None,
     vocabulary: Vocabulary,
     body: Mapping[str, Any],
-    gate_fn: Callable[[Session, Action], None] | None = None,
+    gate_fn: Callable[[Session], Callable[[Action, str], None]] | None = None,
     scaler: Scaler | None = None,
     refund: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
@@ -299,11 +297,12 @@ def _execute_all(
         # with a point outside the scaled screenshot runs nothing.
         actions = [scale_action(a, scaler) for a in actions]
     results = []
+    # The session checks its policy (with its recent typed text) and holds the action
+    # under its action lock; the gate raises ApprovalDenied / ApprovalTimeout.
+    held = gate_fn(session) if gate_fn is not None else None
     for i, action in enumerate(actions):
         try:
-            if gate_fn is not None:
-                gate_fn(session, action)  # raises ApprovalDenied / ApprovalTimeout
-            result = session.execute(action, source="agent", raw=raw)
+            result = session.execute(action, source="agent", raw=raw, gate=held)
         except DeskvmError as exc:
             if refund is not None:
                 # Refused actions (ActionError: nothing injected) and those never reached

@@ -40,7 +40,7 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["approvals"],
 )
 async def get_policy(session: SessionDep, bridge: Bridge) -> ApprovalPolicyModel:
     """The session's approval policy (empty: nothing is held)."""
-    return ApprovalPolicyModel.of(bridge.policies.get(session.id) or ApprovalPolicy())
+    return ApprovalPolicyModel.of(session.approval_policy or ApprovalPolicy())
 
 
 @router.put("/approval-policy", response_model=ApprovalPolicyModel)
@@ -50,7 +50,7 @@ async def put_policy(
     """Replace the session's approval policy (recorded with who set it)."""
     session = bridge.manager.get(session_id)
     policy = body.to_policy()
-    bridge.policies[session_id] = policy
+    session.approval_policy = None if policy.empty else policy
     with contextlib.suppress(DeskvmError):
         session.recorder.append(
             "approval",

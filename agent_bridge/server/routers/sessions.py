@@ -60,7 +60,7 @@ async def create_session(
     def on_started(session: Session) -> None:
         bridge.book.created_at[session.id] = datetime.now(UTC)
         if policy is not None and not policy.empty:
-            bridge.policies[session.id] = policy
+            session.approval_policy = policy
         started.append(session)
 
     def create() -> Session:
