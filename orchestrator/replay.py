@@ -21,11 +21,12 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from orchestrator.errors import RecorderError
+from orchestrator.errors import DeskvmError, RecorderError
 from orchestrator.recorder import GENESIS_HASH, chain_hash
 from orchestrator.video import SegmentWriter, decode_segment, file_sha256
 
 __all__ = [
+    "OSWORLD_TIMESTAMP",
     "Recording",
     "RecordingSummary",
     "Step",
@@ -33,7 +34,9 @@ __all__ = [
     "export_jsonl",
     "export_mp4",
     "export_osworld",
+    "osworld_action",
     "read_events",
+    "replayable_action",
     "summarize",
     "verify",
 ]
@@ -569,14 +572,68 @@ def export_jsonl(bundle: Path, out: Path) -> int:
     return count
 
 
-def export_osworld(bundle: Path, out: Path) -> int:
-    """Write an OSWorld-style trajectory: ``out/traj.jsonl`` plus one screenshot per step.
+def replayable_action(action: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``deskvm`` request body that repeats a recorded action (``None``: secret text).
 
-    Rows follow OSWorld's ``lib_run_single`` trajectory lines: ``step_num`` (1-based),
-    ``action_timestamp`` (``%Y%m%d@%H%M%S%f`` of the action's wall time), ``action`` (the
-    deskvm action object), ``reward`` (0), ``done`` (true on the last step), ``info`` (the
-    result) and ``screenshot_file`` (the screen after the action,
-    ``step_{n}_{timestamp}.png``). An ``initial_state.png`` holds the screen before step 1.
+    Recordings store actions as :func:`~agent_bridge.protocol.actions.action_to_dict`
+    writes them; the request schema differs for key actions (``combos`` -> ``keys``).
+    """
+    body = {k: v for k, v in action.items() if v is not None}
+    name = body.get("action")
+    if name == "type" and body.get("secret"):
+        return None
+    if name == "key" and "combos" in body:
+        body["keys"] = " ".join(body.pop("combos"))
+    if name == "hold_key" and "combo" in body:
+        body["keys"] = body.pop("combo")
+    if name == "zoom" and "x0" in body:
+        body["region"] = [body.pop(k) for k in ("x0", "y0", "x1", "y1")]
+    return body
+
+
+OSWORLD_TIMESTAMP = "%Y%m%d@%H%M%S%f"
+"""``action_timestamp`` of OSWorld trajectories (``lib_run_single``)."""
+
+
+def osworld_action(action: dict[str, Any]) -> str | None:
+    """A recorded action as OSWorld's ``pyautogui`` action string (``None``: not an
+    OSWorld step: screenshots, zooms and cursor queries only observe).
+
+    Secret text becomes a Python comment naming its length (the text itself is never in a
+    recording); an action pyautogui cannot express (the back/forward buttons) becomes a
+    comment naming it, so that steps stay aligned with the screenshots.
+    """
+    from agent_bridge.protocol.messages import parse_deskvm_action
+    from agent_bridge.protocol.vocab.pyautogui_export import OBSERVATIONS, to_pyautogui
+
+    name = action.get("action")
+    if name == "type" and action.get("secret"):
+        return f"# deskvm: secret text ({action.get('length')} characters) is not exported"
+    body = replayable_action(action)
+    try:
+        parsed = parse_deskvm_action(body or {})
+    except DeskvmError:
+        return f"# deskvm: {name} could not be read back from the recording"
+    if isinstance(parsed, OBSERVATIONS):
+        return None
+    code = to_pyautogui(parsed)
+    return code if code is not None else f"# deskvm: {name} {body} has no pyautogui form"
+
+
+def export_osworld(bundle: Path, out: Path) -> int:
+    """Write an OSWorld trajectory: ``out/traj.jsonl`` plus one screenshot per step.
+
+    OSWorld's own format (``lib_run_single.run_single_example`` with the ``pyautogui``
+    action space): one JSON line per executed action with ``step_num`` (1-based),
+    ``action_timestamp`` (:data:`OSWORLD_TIMESTAMP` of the wall time just before the
+    action), ``action`` (the pyautogui code string, see :func:`osworld_action`, or
+    ``"WAIT"``), ``response`` (the model's text: ``""``, deskvm does not see it),
+    ``reward`` (0), ``done`` (``false``: only OSWorld's ``DONE``/``FAIL`` end an episode,
+    and they inject nothing), ``info`` (``{}``, or ``{"error": {"code", "message"}}`` when
+    deskvm refused or failed the action) and ``screenshot_file`` (the screen after the
+    action, ``step_{n}_{timestamp}.png``). Observation-only actions (screenshot, zoom,
+    cursor position) are not steps: OSWorld observes after every step anyway. Also writes
+    ``initial_state.png`` (the screen before step 1).
 
     Returns:
         The number of steps.
@@ -588,20 +645,25 @@ def export_osworld(bundle: Path, out: Path) -> int:
 
     recording = Recording(bundle)
     started = datetime.fromisoformat(str(recording.manifest.get("started_at")))
-    steps = list(recording.steps())
+    steps = [(step, code) for step in recording.steps() if (code := osworld_action(step.action))]
     try:
         out.mkdir(parents=True, exist_ok=True)
         if steps:
-            _write_png(recording, steps[0].before_seq, out / "initial_state.png")
+            _write_png(recording, steps[0][0].before_seq, out / "initial_state.png")
         with (out / "traj.jsonl").open("w", encoding="utf-8") as f:
-            for step in steps:
-                stamp = (started + timedelta(seconds=step.t_s)).strftime("%Y%m%d@%H%M%S%f")
-                name = f"step_{step.index + 1}_{stamp}.png"
+            for number, (step, code) in enumerate(steps, start=1):
+                stamp = (started + timedelta(seconds=step.t_s)).strftime(OSWORLD_TIMESTAMP)
+                name = f"step_{number}_{stamp}.png"
                 _write_png(recording, step.after_seq, out / name)
+                info: dict[str, Any] = {}
+                if step.result is not None and "code" in step.result and "message" in step.result:
+                    info = {
+                        "error": {"code": step.result["code"], "message": step.result["message"]}
+                    }
                 row = {
-                    "step_num": step.index + 1, "action_timestamp": stamp,
-                    "action": step.action, "reward": 0, "done": step is steps[-1],
-                    "info": step.result or {}, "screenshot_file": name,
+                    "step_num": number, "action_timestamp": stamp, "action": code,
+                    "response": "", "reward": 0, "done": False, "info": info,
+                    "screenshot_file": name,
                 }  # fmt: skip
                 f.write(json.dumps(row) + "\n")
     except OSError as exc:

@@ -26,7 +26,7 @@ from skimage.metrics import structural_similarity
 from agent_bridge.protocol.messages import parse_deskvm_action
 from orchestrator.errors import ConfigError, DeskvmError, RecorderError
 from orchestrator.manager import SessionManager
-from orchestrator.replay import Recording
+from orchestrator.replay import Recording, replayable_action
 from orchestrator.spec import DisplaySpec
 
 __all__ = ["RerunReport", "StepDiff", "frame_similarity", "replayable_action", "rerun"]
@@ -39,25 +39,6 @@ def frame_similarity(a: Image.Image, b: Image.Image) -> float:
     ga = np.asarray(a.convert("L"), dtype=np.uint8)
     gb = np.asarray(b.convert("L"), dtype=np.uint8)
     return float(structural_similarity(ga, gb, data_range=255))  # type: ignore[no-untyped-call]
-
-
-def replayable_action(action: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``deskvm`` request body that repeats a recorded action (``None``: secret text).
-
-    Recordings store actions as :func:`~agent_bridge.protocol.actions.action_to_dict`
-    writes them; the request schema differs for key actions (``combos`` -> ``keys``).
-    """
-    body = {k: v for k, v in action.items() if v is not None}
-    name = body.get("action")
-    if name == "type" and body.get("secret"):
-        return None
-    if name == "key" and "combos" in body:
-        body["keys"] = " ".join(body.pop("combos"))
-    if name == "hold_key" and "combo" in body:
-        body["keys"] = body.pop("combo")
-    if name == "zoom" and "x0" in body:
-        body["region"] = [body.pop(k) for k in ("x0", "y0", "x1", "y1")]
-    return body
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,9 +163,10 @@ def test_exports(tmp_path: Path) -> None:
     assert (tmp_path / "jsonl" / click["screenshot_after"]).is_file()
     assert rows[2]["action"]["text"] is None  # the secret stays out of datasets too
 
-    assert export_osworld(bundle, tmp_path / "osw") == 7
+    # OSWorld steps are the actions that act (the two screenshots only observe).
+    assert export_osworld(bundle, tmp_path / "osw") == 5
     traj = [json.loads(x) for x in (tmp_path / "osw" / "traj.jsonl").read_text().splitlines()]
-    assert [t["step_num"] for t in traj] == list(range(1, 8)) and traj[-1]["done"]
+    assert [t["step_num"] for t in traj] == list(range(1, 6))
     assert all((tmp_path / "osw" / t["screenshot_file"]).is_file() for t in traj)
     assert (tmp_path / "osw" / "initial_state.png").is_file()
 
