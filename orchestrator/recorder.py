@@ -388,6 +388,7 @@ class FileRecorder(_ChainedLog):
             self._events.close()
             raise
         self._manifest = found.manifest
+        self.origin_ns = int(found.manifest.get("monotonic_origin_ns", self.origin_ns))
         self._closed = False
         self._stills = found.stills
         self._segment = None

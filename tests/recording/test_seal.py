@@ -112,6 +112,8 @@ def test_continue_after_kill_9_marks_the_gap(tmp_path: Path) -> None:
     clock = SystemClock()
     recorder = FileRecorder.reopen(bundle, clock, reason="bridge restarted", segment_s=3600)
     assert recorder.resumed_after_seq == 21
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert recorder.origin_ns == manifest["monotonic_origin_ns"]  # times stay comparable
     for i in range(3):  # the capture resumes into a new segment
         image = Image.new("RGB", (320, 200), (0, 100 + 40 * i, 0))
         recorder.add_capture(image, pts_ns=clock.monotonic_ns() + i, pixels=f"n{i}")
