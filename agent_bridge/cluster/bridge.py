@@ -269,14 +269,13 @@ def create_cluster_app(bridge: ClusterBridge) -> FastAPI:
             lifetime="detached",
             bundle_label_selector=[placement.label_selector],
         )
-        try:
-            await asyncio.wait_for(group.ready(), timeout=bridge.placement_timeout_s)
-        except TimeoutError:
+        # wait() asks the GCS; ready() would schedule a task into the bundle (a worker).
+        if not await asyncio.to_thread(group.wait, bridge.placement_timeout_s):
             await asyncio.to_thread(remove_placement_group, group)
             raise CapacityError(
                 await asyncio.to_thread(_full_reason, matching, placement.bundle, image),
                 code="cluster_full",
-            ) from None
+            )
         table = await asyncio.to_thread(placement_group_table, group)
         node_id = table["bundles_to_node_id"][0]
         reserved = await bridge.registry.reserve.remote(session_id, node_id, name)

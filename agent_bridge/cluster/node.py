@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import re
 import secrets
 import threading
@@ -296,6 +297,10 @@ class NodeAgent:
     def info(self) -> dict[str, Any]:
         """The node as registered (``url``, ``incarnation``, labels, resources...)."""
         return self._info()
+
+    def pid(self) -> int:
+        """The agent's process id (benchmarks measure its memory)."""
+        return os.getpid()
 
     def ping(self) -> str:
         """The incarnation id (changes when Ray restarts the agent)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import time
 from collections import OrderedDict
@@ -100,6 +101,10 @@ class Registry:
             return False
         self._task = asyncio.get_running_loop().create_task(self._loop())
         return True
+
+    async def pid(self) -> int:
+        """The actor's process id (benchmarks measure its memory)."""
+        return os.getpid()
 
     async def credentials(self) -> dict[str, str]:
         """``{"admin_token", "token_secret"}`` (hex) shared by every bridge and node."""
