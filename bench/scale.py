@@ -9,8 +9,9 @@ process, then prints three tables:
    and the time to delete them all again.
 2. Per-action overhead of the cluster's routing: round trips of one action over the
    WebSocket through the bridge (bridge -> owning node's app) against the same session
-   reached directly on its node (the one-machine app): p50/p95 of each and the
-   difference. Actions: ``cursor_position`` (no input) and ``move``.
+   reached directly on its node (the one-machine app), alternating between the two
+   sockets: p50/p95 of each and the difference. Actions: ``cursor_position`` (no input)
+   and ``move``.
 3. Control-plane memory per session: resident memory (VmRSS) of the GCS, the raylets,
    the registry actor and the bridge process before and with the largest N sessions
    open, divided by N; the node agents (the session managers, which hold the sessions
@@ -89,17 +90,25 @@ def delete_many(client: httpx.Client, ids: list[str], concurrency: int) -> float
     return time.perf_counter() - t0
 
 
-def round_trips(url: str, token: str, action: dict[str, Any], count: int) -> list[float]:
-    times = []
-    with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+def round_trips(
+    urls: tuple[str, str], token: str, action: dict[str, Any], count: int
+) -> tuple[list[float], list[float]]:
+    """Round trips over two sockets, alternating one on each (so load drift hits both)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    headers = {"Authorization": f"Bearer {token}"}
+    with (
+        connect(urls[0], additional_headers=headers) as a,
+        connect(urls[1], additional_headers=headers) as b,
+    ):
         for i in range(count + 20):
-            t0 = time.perf_counter()
-            ws.send(json.dumps({"id": i, **action}))
-            reply = json.loads(ws.recv())
-            if not reply.get("ok"):
-                raise SystemExit(f"action failed: {reply}")
-            if i >= 20:  # warm-up
-                times.append((time.perf_counter() - t0) * 1000)
+            for k, ws in enumerate((a, b)):
+                t0 = time.perf_counter()
+                ws.send(json.dumps({"id": i, **action}))
+                reply = json.loads(ws.recv())
+                if not reply.get("ok"):
+                    raise SystemExit(f"action failed: {reply}")
+                if i >= 20:  # warm-up
+                    times[k].append((time.perf_counter() - t0) * 1000)
     return times
 
 
@@ -191,8 +200,7 @@ def main() -> None:
             print(f"{'action':<16} {'direct p50':>10} {'bridge p50':>10} {'added p50':>9}"
                   f" {'direct p95':>10} {'bridge p95':>10}")  # fmt: skip
             for action in ({"action": "cursor_position"}, {"action": "move", "x": 10, "y": 10}):
-                d = round_trips(direct, token, action, args.rtt_count)
-                b = round_trips(via_bridge, token, action, args.rtt_count)
+                d, b = round_trips((direct, via_bridge), token, action, args.rtt_count)
                 print(
                     f"{action['action']:<16} {statistics.median(d):>10.2f}"
                     f" {statistics.median(b):>10.2f}"
