@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import httpx
@@ -173,7 +174,15 @@ def create_cluster_app(bridge: ClusterBridge) -> FastAPI:
     Returns:
         A FastAPI app; errors answer ``{"error": {"code", "message"}}`` as on one machine.
     """
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await bridge.http.aclose()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="deskvm cluster bridge",
         version="1",
         summary="Disposable desktop VMs across a Ray cluster (docs/scale-out.md).",
@@ -410,10 +419,6 @@ def create_cluster_app(bridge: ClusterBridge) -> FastAPI:
     @app.websocket("/v1/sessions/{session_id}/{rest:path}")
     async def session_socket(websocket: WebSocket, session_id: str, rest: str) -> None:
         await _proxy_socket(bridge, websocket, session_id, rest)
-
-    @app.on_event("shutdown")
-    async def _close_http() -> None:
-        await bridge.http.aclose()
 
     return app
 

@@ -65,6 +65,8 @@ class LocalCluster:
         ip: loopback address every Ray process binds (not 127.0.0.1, see above).
         admin_token: the cluster's admin token (default: a random one).
         reconcile_interval_s: the registry's reconcile period, s.
+        reserve_timeout_s: the registry frees unused reservations and unowned session
+            placement groups after this long, s.
         root: where node state and Ray's session files go (default: a new temporary
             directory, removed at exit).
     """
@@ -75,11 +77,13 @@ class LocalCluster:
         ip: str = "127.0.0.2",
         admin_token: str | None = None,
         reconcile_interval_s: float = 0.5,
+        reserve_timeout_s: float = 60.0,
         root: Path | None = None,
     ) -> None:
         self.ip = ip
         self._admin_token = admin_token
         self._reconcile_interval_s = reconcile_interval_s
+        self._reserve_timeout_s = reserve_timeout_s
         self._own_root = root is None
         self.root = root or Path(tempfile.mkdtemp(prefix="dvr-"))
         self.nodes: dict[str, LocalNode] = {}
@@ -116,7 +120,9 @@ class LocalCluster:
                 logging_level=logging.WARNING,
             )
             self.registry, self.credentials = ensure_registry(
-                self._admin_token, reconcile_interval_s=self._reconcile_interval_s
+                self._admin_token,
+                reconcile_interval_s=self._reconcile_interval_s,
+                reserve_timeout_s=self._reserve_timeout_s,
             )
         except BaseException:
             self.__exit__(None, None, None)

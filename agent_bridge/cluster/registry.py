@@ -33,7 +33,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import ray
-from ray.util.placement_group import get_placement_group, remove_placement_group
+from ray.util.placement_group import (
+    get_placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from orchestrator.errors import ConfigError
 
@@ -71,7 +75,8 @@ class Registry:
     Args:
         admin_token: the cluster's admin token (default: a new random one).
         reconcile_interval_s: how often dead nodes and ended sessions are handled, s.
-        reserve_timeout_s: a reservation no node has reported after this long is freed, s.
+        reserve_timeout_s: a reservation no node has reported after this long is freed, and
+            so is a session placement group no session record owns, s.
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class Registry:
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._removals: list[str] = []
         self._seals: list[tuple[str, str]] = []
+        self._orphans: dict[str, float] = {}  # group name -> when first seen unowned
         self._task: asyncio.Task[None] | None = None
         self.lost_total = 0
 
@@ -309,6 +315,21 @@ class Registry:
                 record["closed_reason"] = "the reservation was never used"
                 self._end(record)
                 stale += 1
+        orphans = await asyncio.to_thread(_session_groups)
+        for name in orphans:
+            session_id = name.removeprefix(PLACEMENT_PREFIX)
+            owner = self._sessions.get(session_id)
+            if owner is not None and owner["placement_group"] == name:
+                self._orphans.pop(name, None)
+                continue
+            # A bridge died between creating the group and reserving it, or the group
+            # outlived its session's record: free it once it stays unknown for a while.
+            first = self._orphans.setdefault(name, now)
+            if now - first > self._reserve_timeout_s:
+                self._removals.append(name)
+                del self._orphans[name]
+        for name in [n for n in self._orphans if n not in orphans]:
+            del self._orphans[name]
         removals, self._removals = self._removals, []
         if removals:
             await asyncio.to_thread(_remove_placement_groups, removals)
@@ -332,6 +353,20 @@ def _alive_node_ids() -> set[str] | None:
     except Exception:
         log.exception("cannot list the cluster's nodes")
         return None
+
+
+def _session_groups() -> set[str]:
+    """Names of the live (not removed) placement groups of deskvm sessions."""
+    try:
+        table = placement_group_table()
+    except Exception:
+        log.exception("cannot list the cluster's placement groups")
+        return set()
+    return {
+        str(g["name"])
+        for g in table.values()
+        if str(g.get("name", "")).startswith(PLACEMENT_PREFIX) and g.get("state") != "REMOVED"
+    }
 
 
 def _remove_placement_groups(names: list[str]) -> None:
@@ -367,7 +402,10 @@ def get_registry() -> Any:
 
 
 def ensure_registry(
-    admin_token: str | None = None, *, reconcile_interval_s: float = 1.0
+    admin_token: str | None = None,
+    *,
+    reconcile_interval_s: float = 1.0,
+    reserve_timeout_s: float = 60.0,
 ) -> tuple[Any, dict[str, str]]:
     """Get or create the registry (pinned to the head node) and the cluster's credentials.
 
@@ -390,7 +428,11 @@ def ensure_registry(
         resources={"node:__internal_head__": 0.001},
         max_restarts=0,
     )
-    handle = actor.remote(admin_token, reconcile_interval_s=reconcile_interval_s)
+    handle = actor.remote(
+        admin_token,
+        reconcile_interval_s=reconcile_interval_s,
+        reserve_timeout_s=reserve_timeout_s,
+    )
     ray.get(handle.start.remote())
     credentials: dict[str, str] = ray.get(handle.credentials.remote())
     if admin_token and not secrets.compare_digest(

@@ -64,7 +64,7 @@ def s3_bucket(s3_endpoint: str) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(s3_bucket: str) -> Iterator[LocalCluster]:
-    with LocalCluster() as local:
+    with LocalCluster(reserve_timeout_s=8.0) as local:
         url = f"s3://{s3_bucket}/rec"
         local.add_node(
             _capacity("n1", SLOTS["n1"], images=(IMAGE, "other-image")),
@@ -342,6 +342,22 @@ def test_node_death(cluster: LocalCluster, admin: httpx.Client, s3_bucket: str) 
     for info in (survivor, again):
         assert admin.delete(f"/v1/sessions/{info['id']}").json()["state"] == "closed"
     _wait(lambda: ray.get(cluster.registry.counts.remote())["live"] == 0, what="no live session")
+
+
+def test_unowned_placement_groups_are_freed(cluster: LocalCluster) -> None:
+    """A bridge that died between placing a session and reserving it leaves a placement
+    group no session owns: the registry removes it."""
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    group = placement_group(
+        [{RESOURCE_DESKTOP: 1.0}], name="deskvm-session-orphan000001", lifetime="detached"
+    )
+    assert group.wait(10)
+    _wait(
+        lambda: placement_group_table(group)["state"] == "REMOVED",
+        timeout_s=30,
+        what="the orphaned placement group to be removed",
+    )
 
 
 def test_deskvm_node_joins_and_drains(cluster: LocalCluster, admin: httpx.Client,
