@@ -91,6 +91,7 @@ class LocalCluster:
         self.registry: Any = None
         self.credentials: dict[str, str] = {}
         self._pids: set[int] = set()
+        self._saved_tmpdir: str | None = None
 
     @property
     def address(self) -> str:
@@ -99,6 +100,11 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray keeps its session files and the "current cluster" address file under
+        # RAY_TMPDIR/ray (default /tmp/ray, which it does not create): keep both in root.
+        self._saved_tmpdir = os.environ.get("RAY_TMPDIR")
+        os.environ["RAY_TMPDIR"] = str(self.root)
+        (self.root / "ray").mkdir(parents=True, exist_ok=True)
         try:
             self.cluster = Cluster(
                 initialize_head=True,
@@ -208,5 +214,9 @@ class LocalCluster:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                 if b"ray" in cmdline:
                     os.kill(pid, signal.SIGKILL)
+        if self._saved_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = self._saved_tmpdir
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)

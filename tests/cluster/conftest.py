@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,9 @@ def bucket(s3_endpoint: str) -> str:
     name = f"rec-{secrets.token_hex(4)}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(autouse=True)
+def _replay_cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``deskvm replay s3://...`` downloads under the temporary directory: the test's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

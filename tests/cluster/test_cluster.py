@@ -208,10 +208,11 @@ def test_tokens_work_on_every_bridge_and_sessions_survive_a_bridge(
     token; it is killed; the client keeps its session through the first bridge."""
     port = _free_port(cluster.ip)
     env = {**os.environ, "DESKVM_STATE_DIR": str(tmp_path / "b2"), "DESKVM_DEFAULT_IMAGE": IMAGE}
+    log = (tmp_path / "bridge2.log").open("wb")
     second = subprocess.Popen(
         [sys.executable, "-m", "agent_bridge.cli", "serve", "--ray", cluster.address,
          "--host", cluster.ip, "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         url2 = f"http://{cluster.ip}:{port}"
@@ -235,6 +236,7 @@ def test_tokens_work_on_every_bridge_and_sessions_survive_a_bridge(
         if second.poll() is None:
             second.kill()
             second.wait(timeout=30)
+        log.close()
 
 
 def test_token_checks_happen_before_routing(
