@@ -54,13 +54,17 @@ if TYPE_CHECKING:
     from agent_bridge.qa.match import Reference
 
 __all__ = [
+    "ActReply",
     "BridgeConnectionError",
     "Client",
+    "FrameStream",
     "Health",
     "RemoteError",
     "Screenshot",
     "Session",
     "SessionInfo",
+    "SettledScreenshot",
+    "StreamFrame",
 ]
 
 _CLOSE_GOING_AWAY = 1001
@@ -221,6 +225,223 @@ class Health:
     sessions: int
 
 
+def create_body(
+    image: str | None,
+    width: int,
+    height: int,
+    memory_mib: int,
+    vcpus: int,
+    boot_timeout_s: float | None,
+    *,
+    cpu_quota_pct: int | None,
+    disk_mib: int | None,
+    ttl_s: float | None,
+    idle_timeout_s: float | None,
+    approval: Mapping[str, Any] | None,
+    egress_allow: Sequence[str] | None,
+    autostart: str | None,
+) -> tuple[dict[str, Any], float]:
+    """The ``POST /v1/sessions`` body and how long to wait for its answer (seconds).
+
+    Raises:
+        TypeError: ``egress_allow`` is a string.
+    """
+    body: dict[str, Any] = {
+        "display": {"width": width, "height": height},
+        "memory_mib": memory_mib,
+        "vcpus": vcpus,
+    }
+    if image is not None:
+        body["image"] = image
+    if boot_timeout_s is not None:
+        body["boot_timeout_s"] = boot_timeout_s
+    for key, value in (
+        ("cpu_quota_pct", cpu_quota_pct),
+        ("disk_mib", disk_mib),
+        ("ttl_s", ttl_s),
+        ("idle_timeout_s", idle_timeout_s),
+        ("approval", dict(approval) if approval is not None else None),
+        ("autostart", autostart),
+    ):
+        if value is not None:
+            body[key] = value
+    if egress_allow is not None:
+        if isinstance(egress_allow, str):
+            raise TypeError("egress_allow must be a list of entries, not a string")
+        body["egress"] = {"allow": list(egress_allow)}
+    wait_s = (boot_timeout_s + _BOOT_MARGIN_S) if boot_timeout_s is not None else 900.0
+    return body, wait_s
+
+
+def socket_url(ws_url: str, schema: str = "deskvm", query: Mapping[str, str] | None = None) -> str:
+    """The action WebSocket URL with its query (``schema`` only when not ``deskvm``).
+
+    ``schema=deskvm`` asks for binary images (``images=binary``) unless ``query`` says
+    otherwise.
+    """
+    params = {**({"images": "binary"} if schema == "deskvm" else {"schema": schema}),
+              **(query or {})}  # fmt: skip
+    return f"{ws_url}?{urlencode(params)}" if params else ws_url
+
+
+def stream_url(
+    ws_url: str, codec: str, quality: int, max_fps: float, max_long_edge: int | None
+) -> str:
+    """The stream URL of the session whose action WebSocket is ``ws_url``."""
+    params: dict[str, str] = {"codec": codec, "quality": str(quality), "max_fps": f"{max_fps:g}"}
+    if max_long_edge is not None:
+        params["max_long_edge"] = str(max_long_edge)
+    base = ws_url.split("?", 1)[0].removesuffix("/ws")
+    return f"{base}/stream?{urlencode(params)}"
+
+
+def reply_result(reply: Mapping[str, Any]) -> Any:
+    """The ``result`` of a reply, or the error it carries raised.
+
+    Raises:
+        RemoteError: an error reply.
+    """
+    if reply.get("ok"):
+        return reply.get("result", {})
+    error = reply.get("error") or {}
+    raise RemoteError(
+        str(error.get("code", "unknown_error")), str(error.get("message", "")), body=error
+    )
+
+
+def image_of(result: Mapping[str, Any]) -> Screenshot:
+    """The :class:`Screenshot` in a ``screenshot``/``zoom`` result (base64 or bytes data)."""
+    data = result["data"]
+    frame_seq, t_s = result.get("frame_seq"), result.get("t_s")
+    return Screenshot(
+        width=int(result["width"]),
+        height=int(result["height"]),
+        mime=str(result["mime"]),
+        png=data if isinstance(data, bytes) else base64.b64decode(data),
+        frame_seq=int(frame_seq) if frame_seq is not None else None,
+        t_s=float(t_s) if t_s is not None else None,
+    )
+
+
+def parse_reply(message: str | bytes) -> dict[str, Any]:
+    """A reply message as a dict; a binary reply's images go into ``data`` as ``bytes``.
+
+    Raises:
+        ValueError: not a reply.
+    """
+    if isinstance(message, str):
+        reply = json.loads(message)
+        if not isinstance(reply, dict):
+            raise ValueError("the reply is not a JSON object")
+        return reply
+    from agent_bridge.protocol.replies import decode_binary_reply
+
+    try:
+        reply, blobs = decode_binary_reply(message)
+    except DeskvmError as exc:
+        raise ValueError(exc.message) from None
+    for part in (reply.get("result"), reply.get("screenshot_after")):
+        if isinstance(part, dict) and isinstance(part.get("blob"), int):
+            part["data"] = blobs[part.pop("blob")]
+    return reply
+
+
+@dataclass(frozen=True, slots=True)
+class SettledScreenshot(Screenshot):
+    """The screen once it was still (``screenshot_after``).
+
+    Attributes:
+        settled: ``False`` if the screen kept changing until the timeout.
+        waited_ms: how long the server waited, milliseconds.
+    """
+
+    settled: bool = True
+    waited_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ActReply:
+    """What :meth:`Session.act` returns.
+
+    Attributes:
+        result: the request's ``result`` (as :meth:`Session.request` returns it).
+        screenshot: the screen once still.
+    """
+
+    result: Any
+    screenshot: SettledScreenshot
+
+
+def act_reply(reply: Mapping[str, Any]) -> ActReply:
+    """The :class:`ActReply` of a reply to a request with ``screenshot_after``.
+
+    Raises:
+        RemoteError: an error reply.
+        BridgeConnectionError: the reply has no ``screenshot_after``.
+    """
+    result = reply_result(reply)
+    after = reply.get("screenshot_after")
+    if not isinstance(after, Mapping):
+        raise BridgeConnectionError("the server's reply has no screenshot_after (too old?)")
+    shot = image_of(after)
+    settled = SettledScreenshot(
+        shot.width, shot.height, shot.mime, shot.png, shot.frame_seq, shot.t_s,
+        settled=bool(after.get("settled")), waited_ms=int(after.get("waited_ms", 0)),
+    )  # fmt: skip
+    return ActReply(result, settled)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFrame:
+    """One frame of the live stream (see ``docs/protocol.md``, "Live stream").
+
+    Attributes:
+        frame: the session's frame number (gaps: frames this viewer skipped).
+        pts_ns: capture time, ``CLOCK_MONOTONIC`` ns of the server host.
+        width: image width, pixels.
+        height: image height, pixels.
+        codec: ``"jpeg"``, ``"webp"`` or ``"png"``.
+        data: the encoded image file.
+        first: the connection's first frame (the screen as it was when it opened).
+        image: the decoded image (RGB) when the stream decodes, else ``None``.
+    """
+
+    frame: int
+    pts_ns: int
+    width: int
+    height: int
+    codec: str
+    data: bytes = field(repr=False)
+    first: bool
+    image: Image.Image | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_message(cls, message: bytes, *, decode: bool) -> StreamFrame:
+        """Parse (and optionally decode) one binary stream message.
+
+        Raises:
+            BridgeConnectionError: not a stream frame (``invalid_frame``).
+        """
+        from agent_bridge.protocol.stream import decode_frame
+
+        try:
+            header, data = decode_frame(message)
+        except DeskvmError as exc:
+            raise BridgeConnectionError(f"malformed stream frame: {exc.message}") from exc
+        image = None
+        if decode:
+            import io
+
+            from PIL import Image
+
+            with Image.open(io.BytesIO(data)) as opened:
+                image = opened.convert("RGB")
+        return cls(
+            header.frame, header.pts_ns, header.width_px, header.height_px, header.codec, data,
+            header.first, image,
+        )  # fmt: skip
+
+
 def _raise_for_error(response: httpx.Response) -> None:
     if response.is_success:
         return
@@ -346,30 +567,12 @@ class Client:
                 (502).
             BridgeConnectionError: the server is unreachable.
         """
-        body: dict[str, Any] = {
-            "display": {"width": width, "height": height},
-            "memory_mib": memory_mib,
-            "vcpus": vcpus,
-        }
-        if image is not None:
-            body["image"] = image
-        if boot_timeout_s is not None:
-            body["boot_timeout_s"] = boot_timeout_s
-        for key, value in (
-            ("cpu_quota_pct", cpu_quota_pct),
-            ("disk_mib", disk_mib),
-            ("ttl_s", ttl_s),
-            ("idle_timeout_s", idle_timeout_s),
-            ("approval", dict(approval) if approval is not None else None),
-            ("autostart", autostart),
-        ):
-            if value is not None:
-                body[key] = value
-        if egress_allow is not None:
-            if isinstance(egress_allow, str):
-                raise TypeError("egress_allow must be a list of entries, not a string")
-            body["egress"] = {"allow": list(egress_allow)}
-        wait_s = (boot_timeout_s + _BOOT_MARGIN_S) if boot_timeout_s is not None else 900.0
+        body, wait_s = create_body(
+            image, width, height, memory_mib, vcpus, boot_timeout_s,
+            cpu_quota_pct=cpu_quota_pct, disk_mib=disk_mib, ttl_s=ttl_s,
+            idle_timeout_s=idle_timeout_s, approval=approval, egress_allow=egress_allow,
+            autostart=autostart,
+        )  # fmt: skip
         response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return Session(self, SessionInfo.from_json(response.json()))
 
@@ -472,8 +675,10 @@ class Client:
         query: Mapping[str, str] | None = None,
     ) -> ClientConnection:
         """Open a WebSocket whose lifetime ``stack`` manages (websockets wants a ``with``)."""
-        params = {**({} if schema == "deskvm" else {"schema": schema}), **(query or {})}
-        url = f"{ws_url}?{urlencode(params)}" if params else ws_url
+        return self._open_ws(socket_url(ws_url, schema, query), stack)
+
+    def _open_ws(self, url: str, stack: ExitStack) -> ClientConnection:
+        ws_url = url.split("?", 1)[0]
         try:
             return stack.enter_context(
                 connect(
@@ -492,6 +697,98 @@ class Client:
             ) from exc
         except (InvalidHandshake, OSError, TimeoutError) as exc:
             raise BridgeConnectionError(f"cannot open WebSocket {ws_url}: {exc}") from exc
+
+
+class FrameStream:
+    """An open live stream of one session (:meth:`Session.stream`).
+
+    Iterate for :class:`StreamFrame` objects; iteration ends when the session ends. Use it
+    as a context manager (or call :meth:`close`). Only changed screens are sent, so
+    waiting for the next frame blocks while the screen is still: :meth:`next` takes a
+    timeout.
+
+    Attributes:
+        hello: the server's ``hello`` event (codec, quality, max_fps, display size...).
+        status: the newest ``status`` event (``state``, ``pending``...), if any came.
+    """
+
+    def __init__(self, ws: ClientConnection, stack: ExitStack, *, decode: bool) -> None:
+        self._ws = ws
+        self._stack = stack
+        self._decode = decode
+        self.status: dict[str, Any] | None = None
+        self.hello: dict[str, Any] = self._first_event()
+
+    def _first_event(self) -> dict[str, Any]:
+        try:
+            event = json.loads(self._ws.recv(timeout=30))
+        except ConnectionClosed as exc:
+            self.close()
+            raise _closed(exc, "the stream's WebSocket") from exc
+        except (TimeoutError, ValueError) as exc:
+            self.close()
+            raise BridgeConnectionError(f"the stream sent no hello: {exc}") from exc
+        if event.get("event") != "hello":
+            self.close()
+            reply_result(event)  # raises RemoteError for a refusal
+            raise BridgeConnectionError(f"unexpected first stream message: {event!r}")
+        return dict(event)
+
+    def __enter__(self) -> FrameStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[StreamFrame]:
+        return self
+
+    def __next__(self) -> StreamFrame:
+        frame = self.next()
+        if frame is None:
+            raise StopIteration
+        return frame
+
+    def next(self, timeout_s: float | None = None) -> StreamFrame | None:
+        """The next frame; ``None`` once the session has ended.
+
+        Raises:
+            TimeoutError: no frame within ``timeout_s`` (the screen was still).
+            BridgeConnectionError: the connection failed or closed otherwise.
+        """
+        while True:
+            try:
+                message = self._ws.recv(timeout=timeout_s)
+            except ConnectionClosed as exc:
+                self.close()
+                error = _closed(exc, "the stream's WebSocket")
+                if isinstance(error, SessionClosed):
+                    return None
+                raise error from exc
+            if isinstance(message, bytes):
+                return StreamFrame.from_message(message, decode=self._decode)
+            with contextlib.suppress(ValueError):
+                event = json.loads(message)
+                if event.get("event") == "status":
+                    self.status = dict(event)
+
+    def close(self) -> None:
+        """Close the stream's WebSocket (idempotent)."""
+        with contextlib.suppress(ConnectionClosed, OSError):
+            self._stack.close()
+
+
+def _closed(exc: ConnectionClosed, what: str) -> DeskvmError:
+    """A closed WebSocket as the error it means (1001: the session ended)."""
+    close = exc.rcvd
+    code, reason = (close.code, close.reason) if close is not None else (None, "")
+    if code == _CLOSE_GOING_AWAY:
+        return SessionClosed(f"{reason or 'the session ended'}")
+    return BridgeConnectionError(
+        f"{what} closed ({code} {reason})".rstrip(),
+        close_code=code,
+        close_reason=reason,
+    )
 
 
 class Session(VisualChecks):
@@ -579,11 +876,7 @@ class Session(VisualChecks):
         code, reason = (close.code, close.reason) if close is not None else (None, "")
         if code == _CLOSE_GOING_AWAY:
             return SessionClosed(f"session {self.id} ended: {reason}")
-        return BridgeConnectionError(
-            f"WebSocket of session {self.id} closed ({code} {reason})".rstrip(),
-            close_code=code,
-            close_reason=reason,
-        )
+        return _closed(exc, f"WebSocket of session {self.id}")
 
     def request(self, message: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:
         """Send one request and return the ``result`` of its reply.
@@ -594,12 +887,49 @@ class Session(VisualChecks):
 
         Returns:
             The reply's ``result`` object (a dict for deskvm; vendor schemas may differ).
+            With binary images (the default for ``schema=deskvm``, see ``images`` in
+            ``docs/protocol.md``) an image's ``data`` is the PNG ``bytes``, not base64.
 
         Raises:
             RemoteError: the reply is an error (``code`` from the server).
             SessionClosed: the server closed the WebSocket because the session ended.
             BridgeConnectionError: transport failure or no reply within ``timeout_s``.
         """
+        return reply_result(self._exchange(message, timeout_s))
+
+    def act(
+        self,
+        message: Mapping[str, Any],
+        *,
+        still_ms: int,
+        timeout_ms: int = 10_000,
+        timeout_s: float | None = None,
+    ) -> ActReply:
+        """Run one request, then wait for a still screen and screenshot it.
+
+        Sends ``message`` with ``"screenshot_after": {"still_ms", "timeout_ms"}``: after
+        the action, the server waits until the screen has been unchanged for ``still_ms``
+        (at most ``timeout_ms``) and returns that screen with the result.
+
+        Args:
+            message: ``{"action": ..., ...params}`` (any schema).
+            still_ms: how long the screen must stay unchanged, milliseconds.
+            timeout_ms: the longest wait for that, milliseconds.
+            timeout_s: how long to wait for the reply (default: the client's timeout plus
+                ``timeout_ms``).
+
+        Returns:
+            The result and the settled screenshot (``settled`` false: timed out).
+
+        Raises:
+            Same as :meth:`request`.
+        """
+        payload = {**message, "screenshot_after": {"still_ms": still_ms, "timeout_ms": timeout_ms}}
+        wait_s = timeout_s if timeout_s is not None else self.client.timeout_s + timeout_ms / 1000
+        return act_reply(self._exchange(payload, wait_s))
+
+    def _exchange(self, message: Mapping[str, Any], timeout_s: float | None) -> dict[str, Any]:
+        """Send one request; the whole reply (binary images as ``bytes`` in ``data``)."""
         payload = dict(message)
         request_id = payload.setdefault("id", next(self._ids))
         ws = self._socket()
@@ -608,12 +938,12 @@ class Session(VisualChecks):
             ws.send(json.dumps(payload))
             while True:
                 try:
-                    text = ws.recv(timeout=deadline_s)
+                    message_in = ws.recv(timeout=deadline_s)
                 except TimeoutError as exc:
                     raise BridgeConnectionError(
                         f"no reply to {payload.get('action')!r} within {deadline_s:.0f} s"
                     ) from exc
-                reply = json.loads(text)
+                reply = parse_reply(message_in)
                 # Replies to requests that timed out earlier, or refusals with id null
                 # (sent just before a close), may precede ours.
                 if reply.get("id") == request_id or (
@@ -624,12 +954,7 @@ class Session(VisualChecks):
             raise self._closed_error(exc) from exc
         except (ValueError, AttributeError) as exc:
             raise BridgeConnectionError(f"malformed reply from the server: {exc}") from exc
-        if reply.get("ok"):
-            return reply.get("result", {})
-        error = reply.get("error") or {}
-        raise RemoteError(
-            str(error.get("code", "unknown_error")), str(error.get("message", "")), body=error
-        )
+        return reply
 
     def _do(self, action: str, *, extra_wait_ms: int = 0, **params: Any) -> dict[str, Any]:
         message = {"action": action, **{k: v for k, v in params.items() if v is not None}}
@@ -639,15 +964,7 @@ class Session(VisualChecks):
 
     @staticmethod
     def _image(result: Mapping[str, Any]) -> Screenshot:
-        frame_seq, t_s = result.get("frame_seq"), result.get("t_s")
-        return Screenshot(
-            width=int(result["width"]),
-            height=int(result["height"]),
-            mime=str(result["mime"]),
-            png=base64.b64decode(result["data"]),
-            frame_seq=int(frame_seq) if frame_seq is not None else None,
-            t_s=float(t_s) if t_s is not None else None,
-        )
+        return image_of(result)
 
     # --- actions ------------------------------------------------------------------------
 
@@ -810,6 +1127,38 @@ class Session(VisualChecks):
         """Where the host last put the pointer, display pixels."""
         result = self._do("cursor_position")
         return int(result["x"]), int(result["y"])
+
+    # --- live stream --------------------------------------------------------------------
+
+    def stream(
+        self,
+        codec: Literal["jpeg", "webp", "png"] = "jpeg",
+        quality: int = 80,
+        max_fps: float = 15.0,
+        max_long_edge: int | None = None,
+        *,
+        decode: bool = True,
+    ) -> FrameStream:
+        """Open the session's live stream (``/v1/sessions/{id}/stream``, view scope).
+
+        Args:
+            codec: image format of the frames.
+            quality: 1..100 for JPEG/WebP.
+            max_fps: at most this many frames per second (<= 30).
+            max_long_edge: frames shrunk so their long edge is at most this many pixels.
+            decode: decode every frame into ``StreamFrame.image`` (needs Pillow).
+
+        Returns:
+            An open :class:`FrameStream`; iterate it, close it when done.
+
+        Raises:
+            RemoteError: ``invalid_query`` (bad parameter), ``session_not_found``...
+            BridgeConnectionError: the handshake failed (e.g. HTTP 403: bad token).
+        """
+        url = stream_url(self.info_at_start.ws_url, codec, quality, max_fps, max_long_edge)
+        stack = ExitStack()
+        ws = self.client._open_ws(url, stack)
+        return FrameStream(ws, stack, decode=decode)
 
     # --- REST shortcuts -----------------------------------------------------------------
 

@@ -17,7 +17,6 @@ independent.
 from __future__ import annotations
 
 import contextlib
-import io
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -61,6 +60,7 @@ from orchestrator.errors import (
     SessionClosed,
 )
 from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
+from orchestrator.imaging import encode_png as _encode_png
 from orchestrator.input_plan import HelperStep, Pacing, PlanStep, plan_action, release_all
 from orchestrator.recorder import Recorder, Source
 from orchestrator.spec import SessionSpec
@@ -97,10 +97,8 @@ SessionState = Literal["new", "starting", "ready", "closing", "closed", "failed"
 
 
 def encode_png(image: Image.Image) -> bytes:
-    """PNG bytes of ``image`` (zlib level 1: fast; screens compress well anyway)."""
-    buf = io.BytesIO()
-    image.save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
+    """PNG bytes of ``image`` (see :func:`orchestrator.imaging.encode_png`: fast, RGB)."""
+    return _encode_png(image)
 
 
 def decision_to_json(decision: NetworkDecision) -> dict[str, Any]:
@@ -353,8 +351,11 @@ class Session:
         self._recorder.append("lifecycle", {"event": "ready", "boot_s": round(self.boot_s, 3)})
 
     def _start_capture(self) -> None:
-        """Start continuous capture (if configured) of the running domain's screen."""
-        if self._capture_fps is not None and self._domain is not None and self._frames is None:
+        """Start the capture loop of the running domain's screen (once).
+
+        One loop feeds the video (when ``capture_fps`` is set) and live viewers.
+        """
+        if self._domain is not None and self._frames is None:
             self._frames = FrameCapture(
                 self._domain.display, self._recorder, self._clock, fps=self._capture_fps
             )
@@ -515,8 +516,9 @@ class Session:
         errors: list[str] = []
         if self._frames is not None:
             self._frames.stop()
-            with contextlib.suppress(DeskvmError):
-                self._frames.still(reason="closing")
+            if self._capture_fps is not None:
+                with contextlib.suppress(DeskvmError):
+                    self._frames.still(reason="closing")
         if self._domain is not None:
             with contextlib.suppress(DeskvmError):
                 self._guest_log_snapshot = self._domain.read_guest_log()
@@ -525,6 +527,9 @@ class Session:
             self._hypervisor.destroy(self.id)
         except DeskvmError as exc:
             errors.append(exc.message)
+        if self._domain is not None:
+            with contextlib.suppress(DeskvmError):
+                self._domain.display.close()
         egress_errors = self._detach_egress()
         errors += egress_errors
         with contextlib.suppress(DeskvmError):
@@ -596,6 +601,11 @@ class Session:
         if self._domain is not None and self._state in ("starting", "ready"):
             return self._domain.console_tail(max_bytes)
         return ""
+
+    @property
+    def frames(self) -> FrameCapture | None:
+        """The session's capture loop (live frames for viewers); ``None`` unless ready."""
+        return self._frames if self._state == "ready" else None
 
     @property
     def cursor(self) -> tuple[int, int]:
@@ -672,7 +682,7 @@ class Session:
             try:
                 # The still of the input moment: only for actions that inject input (a
                 # screenshot records its own still; taking two cost a second screendump).
-                if self._frames is not None and steps:
+                if self._frames is not None and self._capture_fps is not None and steps:
                     self._frames.still(reason="input", source=source)
                 if steps and secret:
                     count = sum(len(s.events) or 1 for s in steps)
@@ -841,6 +851,43 @@ class Session:
             png = encode_png(image)
         t_s = round((pts_ns - self._recorder.origin_ns) / 1e9, 6)
         return ImageResult(image.width, image.height, "image/png", png, frame_seq, t_s)
+
+    def screenshot_after(
+        self, still_ms: int, timeout_ms: int, *, source: Source = "agent"
+    ) -> tuple[ImageResult, bool, int]:
+        """Wait until the screen has been still for ``still_ms``, then record a still of it.
+
+        Gives up after ``timeout_ms`` and returns the screen as it is then. The still is a
+        ``frame`` event (reason ``settled`` or ``settle_timeout``) followed by a ``result``
+        event ``{"action": "screenshot_after", "settled", "waited_ms", "frame_seq"}``.
+
+        Returns:
+            The PNG screenshot, whether the screen settled, and the milliseconds waited.
+
+        Raises:
+            SessionClosed: the session is not ready (or ended while waiting).
+            DisplayError: a screendump failed.
+        """
+        frames = self._frames
+        if self._state != "ready" or frames is None:
+            raise SessionClosed(f"session {self.id} is {self._state}")
+        self.last_action_ns = self._clock.monotonic_ns()
+        frame, settled, waited_s = frames.wait_still(
+            still_ms / 1000, timeout_ms / 1000, cancel=self._closing
+        )
+        if self._closing.is_set():
+            raise SessionClosed(f"session {self.id} ended while waiting for a still screen")
+        reason = "settled" if settled else "settle_timeout"
+        event, image, png = frames.record_still(frame, reason=reason, source=source)
+        waited_ms = round(waited_s * 1000)
+        self._recorder.append(
+            "result",
+            {"action": "screenshot_after", "settled": settled, "waited_ms": waited_ms,
+             "frame_seq": event.seq},
+        )  # fmt: skip
+        t_s = round((frame.pts_ns - self._recorder.origin_ns) / 1e9, 6)
+        shot = ImageResult(image.width, image.height, "image/png", png, event.seq, t_s)
+        return shot, settled, waited_ms
 
     def _record_frame(self, image: Image.Image, *, reason: str, source: Source) -> int:
         pts_ns = self._clock.monotonic_ns()

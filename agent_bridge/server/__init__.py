@@ -11,7 +11,7 @@ The package has the shape of a larger FastAPI application:
   routers) and serves it;
 - :mod:`~agent_bridge.server.routers` — one router module per resource: ``sessions``,
   ``tokens``, ``approvals`` (policy, pending actions, operator socket), ``network``,
-  ``actions`` (the action WebSocket), ``health``;
+  ``actions`` (the action WebSocket), ``stream`` (the live frame stream), ``health``;
 - :mod:`~agent_bridge.server.deps` — shared dependencies: the app's state, who is asking
   (admin token or scoped session token), the session named in the path;
 - :mod:`~agent_bridge.server.models` — the pydantic wire models;

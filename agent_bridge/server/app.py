@@ -19,7 +19,15 @@ from fastapi import FastAPI
 from agent_bridge.server.deps import server_token
 from agent_bridge.server.errors import install_error_handlers
 from agent_bridge.server.ratelimit import RateLimits
-from agent_bridge.server.routers import actions, approvals, health, network, sessions, tokens
+from agent_bridge.server.routers import (
+    actions,
+    approvals,
+    health,
+    network,
+    sessions,
+    stream,
+    tokens,
+)
 from agent_bridge.server.sockets import MAX_MESSAGE_BYTES
 from agent_bridge.server.state import BridgeState
 from agent_bridge.tokens import TokenAuthority
@@ -98,7 +106,7 @@ def create_app(
             data_dependencies=[server_token],
         )
     )
-    for module in (health, sessions, tokens, approvals, network, actions):
+    for module in (health, sessions, tokens, approvals, network, actions, stream):
         app.include_router(module.router)
     return app
 

@@ -8,13 +8,17 @@ from the URL. A cross-site ``Origin`` not in ``settings.allowed_origins`` is ref
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from agent_bridge.protocol.messages import encode_error
 from agent_bridge.server.deps import Principal, authorize
 from agent_bridge.server.state import BridgeState
 from agent_bridge.tokens import Scope, TokenError
+from orchestrator.errors import DeskvmError, SessionClosed, SessionNotFound
+from orchestrator.session import Session
 
 __all__ = [
     "CLOSE_GOING_AWAY",
@@ -28,6 +32,8 @@ __all__ = [
     "bearer_from_header",
     "close_reason",
     "offered_subprotocols",
+    "ready_session",
+    "refuse",
     "ws_principal",
 ]
 
@@ -115,3 +121,41 @@ async def ws_principal(
         # Before accept(): the ASGI server answers the handshake with HTTP 403.
         await websocket.close(CLOSE_POLICY_VIOLATION, reason=exc.code)
         return None
+
+
+async def refuse(websocket: WebSocket, error: DeskvmError, close_code: int) -> None:
+    """After ``accept()``: send one error reply (``id`` null) saying why, then close."""
+    with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+        await websocket.send_text(encode_error(None, error))
+        if websocket.application_state != WebSocketState.DISCONNECTED:
+            await websocket.close(close_code, reason=close_reason(f"{error.code}: {error.message}"))
+
+
+async def ready_session(
+    websocket: WebSocket, bridge: BridgeState, session_id: str
+) -> Session | None:
+    """The session, once ready; otherwise refuse the (accepted) socket and return ``None``.
+
+    Refusals: 4404 ``session_not_found``, 1013 ``session_not_ready`` (booting: retry),
+    1001 ``session_closed`` (ended).
+    """
+    try:
+        session = bridge.manager.get(session_id)
+    except SessionNotFound as exc:
+        await refuse(websocket, exc, CLOSE_SESSION_NOT_FOUND)
+        return None
+    if session.state == "ready":
+        return session
+    if session.state in ("new", "starting"):
+        await refuse(
+            websocket,
+            SessionClosed(
+                f"session {session.id} is {session.state}; retry when ready",
+                code="session_not_ready",
+            ),
+            CLOSE_TRY_AGAIN_LATER,
+        )
+    else:
+        await refuse(websocket, SessionClosed(f"session {session.id} is {session.state}"),
+                     CLOSE_GOING_AWAY)  # fmt: skip
+    return None

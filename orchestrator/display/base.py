@@ -120,6 +120,10 @@ class DisplayBackend(Protocol):
         """
         ...
 
+    def close(self) -> None:
+        """Release what the backend holds for its domain (called once it is destroyed)."""
+        ...
+
     def send(self, events: Sequence[InputEvent], *, width_px: int, height_px: int) -> None:
         """Inject ``events`` in one batch (the guest sees them in order, back to back).
 

@@ -96,6 +96,9 @@ class FakeDisplay:
     def horizontal_wheel(self) -> bool:
         return self.has_horizontal_wheel
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def type_text(self, text: str) -> None:
         """Text as the guest helper types it (XTEST): any character, ``\n`` is Return."""
         with self._lock:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from agent_bridge.server import create_app
+from agent_bridge.server import MAX_MESSAGE_BYTES, create_app
 from orchestrator.errors import ImageNotFound
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.input_plan import Pacing
@@ -84,3 +88,25 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 def anon(app: FastAPI) -> Iterator[TestClient]:
     with TestClient(app) as c:
         yield c
+
+
+@pytest.fixture
+def server_url(app: FastAPI) -> Iterator[str]:
+    """The app served by uvicorn in a thread on a free port (real sockets)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+        ws_max_size=MAX_MESSAGE_BYTES,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

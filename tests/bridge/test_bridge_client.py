@@ -3,41 +3,16 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from conftest import IMAGE, TOKEN
-from fastapi import FastAPI
 
 import agent_bridge
 from agent_bridge.client import BridgeConnectionError, Client, RemoteError, Session
-from agent_bridge.server import MAX_MESSAGE_BYTES
 from orchestrator.errors import DeskvmError, SessionClosed
 from orchestrator.hypervisor.fake import FakeHypervisor
-
-
-@pytest.fixture
-def server_url(app: FastAPI) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-        ws_max_size=MAX_MESSAGE_BYTES,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 @pytest.fixture
@@ -48,7 +23,8 @@ def bridge(server_url: str) -> Iterator[Client]:
 
 def test_public_names() -> None:
     assert sorted(agent_bridge.__all__) == [
-        "BridgeConnectionError", "Client", "RemoteError", "Screenshot", "Session", "SessionInfo",
+        "AsyncClient", "AsyncFrameStream", "AsyncSession", "BridgeConnectionError", "Client",
+        "FrameStream", "RemoteError", "Screenshot", "Session", "SessionInfo", "StreamFrame",
     ]  # fmt: skip
     assert agent_bridge.Client is Client
     assert issubclass(RemoteError, DeskvmError)
@@ -97,6 +73,11 @@ def test_client_drives_a_session(bridge: Client, hypervisor: FakeHypervisor) -> 
             session.request({"action": "teleport"})
         assert info_err.value.code == "unknown_action"
         assert session.request({"action": "cursor_position"}) == {"x": 100, "y": 100}
+        # Binary images by default: request() gives the PNG bytes.
+        assert session.request({"action": "screenshot"})["data"].startswith(b"\x89PNG")
+        acted = session.act({"action": "move", "x": 5, "y": 6}, still_ms=100, timeout_ms=3000)
+        assert acted.result == {} and acted.screenshot.settled
+        assert acted.screenshot.waited_ms >= 100 and acted.screenshot.image().size == (800, 600)
         session_id = session.id
     # Leaving the block deleted it.
     assert bridge.get_session(session_id).state == "closed"
@@ -168,3 +149,26 @@ def test_client_limits_and_scoped_tokens(
         assert info.value.code == "unauthorized"
     assert hypervisor.domains[session.id].display.events == []
     session.delete()
+
+
+def test_sync_client_reads_the_stream(bridge: Client) -> None:
+    with bridge.create_session(width=640, height=400) as session:
+        with session.stream(codec="png", max_fps=20) as frames:
+            assert frames.hello["codec"] == "png"
+            first = next(frames)
+            assert first.first and (first.width, first.height, first.codec) == (640, 400, "png")
+            assert first.image is not None and first.image.size == (640, 400)
+            with pytest.raises(TimeoutError):
+                frames.next(timeout_s=0.5)  # a still screen sends nothing
+            session.move(320, 200)
+            moved = frames.next(timeout_s=10)
+            assert moved is not None and moved.frame > first.frame and not moved.first
+            assert moved.image is not None and moved.image.getpixel((321, 201))[0] > 200
+        with pytest.raises(RemoteError) as refused:
+            session.stream(max_fps=99)
+        assert refused.value.code == "invalid_query"
+        frames = session.stream(max_long_edge=320, decode=False)
+        frame = next(frames)
+        assert (frame.width, frame.height, frame.image) == (320, 200, None)
+        bridge.delete_session(session.id)
+        assert list(frames) == []  # the session ended: iteration stops

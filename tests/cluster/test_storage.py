@@ -4,6 +4,7 @@ fetching back, sealing a recording whose writer died, ``deskvm replay`` on a URL
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,16 @@ def test_ship_while_recording_then_close(tmp_path: Path, bucket: str) -> None:
     held_back: list[str] = []
     clock = FakeClock()
 
+    def open_segment() -> bool:
+        finished = (bundle / "events.jsonl").read_text().count('"kind":"media"')
+        return len(list((bundle / "video").glob("*.mp4"))) > finished
+
     def between() -> None:
         clock.advance(4.0)  # past the 5 s segment length every other action
+        # Stills reach the video on the capture loop's next turn (real time, 1/capture_fps).
+        deadline = time.monotonic() + 5
+        while not open_segment() and time.monotonic() < deadline:
+            time.sleep(0.02)
         report = shipper.ship()
         seen.append((report.events, report.manifest_status))
         stored = store.list(SESSION_ID + "/video/")

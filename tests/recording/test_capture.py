@@ -208,3 +208,48 @@ def test_an_idle_screen_still_finishes_its_segment(tmp_path: Path) -> None:
     assert events.count('"kind":"media"') == 1
     recorder.close()
     assert verify(tmp_path / "rec").ok
+
+
+def test_a_viewer_holds_only_the_newest_frame() -> None:
+    display = FakeDisplay(320, 200)
+    capture = FrameCapture(display, MemoryRecorder(SystemClock()), SystemClock(), fps=None)
+    wakes: list[int] = []
+    viewer = capture.subscribe(30, lambda: wakes.append(1))
+    first, changed = capture.grab()
+    assert changed and first.number == 1
+    assert capture.grab() == (first, False)  # unchanged: nothing new, nothing offered
+    for x in range(5):
+        display.send([AbsMove(10 * x, 10)], width_px=320, height_px=200)
+        capture.grab()
+    assert len(wakes) == 6
+    newest = viewer.take()
+    assert newest is not None and newest.number == 6  # the older five were replaced
+    assert viewer.take() is None
+    assert newest._encoded == {}  # nothing is encoded until a viewer sends it
+    assert newest.encoded("png").data == newest.encoded("png").data
+    assert len(newest._encoded) == 1  # encoded once
+    late = capture.subscribe(5, lambda: None)
+    assert late.take() is newest  # a new viewer starts from the current screen
+    viewer.close()
+    late.close()
+    assert capture.viewers == 0
+
+
+def test_the_loop_grabs_at_the_fastest_viewers_rate_and_idles_without_one() -> None:
+    display = FakeDisplay(320, 200)
+    capture = FrameCapture(display, MemoryRecorder(SystemClock()), SystemClock(), fps=None)
+    capture.start()
+    try:
+        time.sleep(0.3)
+        assert capture.grabs == 0  # no video, nobody watching: no screendumps
+        viewer = capture.subscribe(20, lambda: None)
+        time.sleep(1.0)
+        assert 12 <= capture.grabs <= 24, capture.grabs
+        viewer.close()
+        time.sleep(0.2)
+        idle = capture.grabs
+        time.sleep(0.5)
+        assert capture.grabs == idle
+    finally:
+        capture.stop()
+    assert capture.latest is None  # a stopped capture keeps no screen

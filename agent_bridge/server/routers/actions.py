@@ -2,10 +2,12 @@
 
 Query parameters: ``schema`` (action vocabulary, default ``deskvm``), ``on_disconnect``
 (``keep`` or ``delete``), ``scale_to=WxH`` or ``max_long_edge=N`` (screenshot scaling; the
-client's coordinates are then in that space). Requests are parsed by the pure
-:mod:`agent_bridge.protocol` layer, checked against the token's scope, the session's rate
-limits and approval policy, and executed by :meth:`orchestrator.session.Session.execute` in
-a worker thread.
+client's coordinates are then in that space), ``images`` (``base64``, default, or
+``binary``: replies with images are binary messages, see
+:mod:`agent_bridge.protocol.replies`). Any request may carry ``screenshot_after``.
+Requests are parsed by the pure :mod:`agent_bridge.protocol` layer, checked against the
+token's scope, the session's rate limits and approval policy, and executed by
+:meth:`orchestrator.session.Session.execute` in a worker thread.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from agent_bridge.protocol.actions import Action, CursorPosition, Screenshot, Type, Zoom
 from agent_bridge.protocol.messages import ClientId, decode_envelope, encode_error, encode_result
-from agent_bridge.protocol.results import CursorResult, ImageResult, Result
+from agent_bridge.protocol.replies import (
+    ScreenshotAfter,
+    encode_binary_reply,
+    split_screenshot_after,
+)
+from agent_bridge.protocol.results import CursorResult, ImageResult, Result, to_deskvm_result
 from agent_bridge.protocol.scaling import Scaler, scale_action
 from agent_bridge.server.deps import ADMIN, Bridge, Principal
 from agent_bridge.server.gate import gate
@@ -99,15 +106,19 @@ class _Connection:
         self.limits: RateLimits | None = None
         self.gate: Callable[[Session], Callable[[Action, str], None]] | None = None
         self.scaler: Scaler | None = None
+        self.binary = False
         self._strikes = 0
 
-    async def _send(self, text: str) -> bool:
-        """Send one text message; ``False`` if the connection is gone."""
+    async def _send(self, message: str | bytes) -> bool:
+        """Send one text (or binary) message; ``False`` if the connection is gone."""
         async with self._send_lock:
             if self._closed:
                 return False
             try:
-                await self.ws.send_text(text)
+                if isinstance(message, bytes):
+                    await self.ws.send_bytes(message)
+                else:
+                    await self.ws.send_text(message)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self._closed = True
                 return False
@@ -141,6 +152,18 @@ class _Connection:
             return
         try:
             vocabulary = load_vocabulary(query.get("schema", "deskvm"))
+            images = query.get("images", "base64")
+            if images not in ("base64", "binary"):
+                raise ProtocolError(
+                    f"images must be 'base64' or 'binary', not {images!r}", code="invalid_query"
+                )
+            if images == "binary" and getattr(vocabulary, "name", "deskvm") != "deskvm":
+                raise ProtocolError(
+                    "images=binary is for schema=deskvm (vendor schemas keep their own result"
+                    " shapes)",
+                    code="invalid_query",
+                )
+            self.binary = images == "binary"
             session = self.manager.get(self.session_id)
             self.scaler = _scaler_from_query(
                 query.get("scale_to"),
@@ -233,13 +256,13 @@ class _Connection:
                 await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
                 return
 
-    async def _handle(self, session: Session, vocabulary: Vocabulary, text: str) -> str:
+    async def _handle(self, session: Session, vocabulary: Vocabulary, text: str) -> str | bytes:
         """One request in, one reply out (never raises for a bad request)."""
         client_id: ClientId = None
         try:
             envelope = decode_envelope(text)
             client_id = envelope.id
-            body = envelope.body
+            body, after = split_screenshot_after(envelope.body)
             actions = vocabulary.parse(body)
             if not scope_allows(self.principal.scope, "control") and not all(
                 isinstance(a, _OBSERVATIONS) for a in actions
@@ -261,12 +284,15 @@ class _Connection:
             gate_fn, scaler = self.gate, self.scaler
             limits = self.limits
             refund = None if limits is None else (lambda n: limits.refund(session.id, n))
-            result = await anyio.to_thread.run_sync(
-                lambda: _execute_all(
-                    session, actions, raw, vocabulary, body, gate_fn, scaler, refund=refund
-                )
+            results = await anyio.to_thread.run_sync(
+                lambda: _execute_all(session, actions, raw, gate_fn, scaler, refund=refund)
             )
-            return encode_result(client_id, result)
+            settled = None
+            if after is not None:
+                settled = await anyio.to_thread.run_sync(
+                    lambda: _screenshot_after(session, after, scaler)
+                )
+            return self._reply(client_id, vocabulary, body, results, settled)
         except DeskvmError as exc:
             if client_id is None:
                 client_id = getattr(exc, "client_id", None)
@@ -282,16 +308,66 @@ class _Connection:
             )
 
 
+    def _reply(
+        self,
+        client_id: ClientId,
+        vocabulary: Vocabulary,
+        body: Mapping[str, Any],
+        results: Sequence[Result],
+        settled: tuple[ImageResult, bool, int] | None,
+    ) -> str | bytes:
+        """The success reply: JSON text, or one binary message when images go as blobs."""
+        blobs: list[bytes] = []
+
+        def image(result: ImageResult) -> dict[str, Any]:
+            if not self.binary:
+                return to_deskvm_result(result)
+            blobs.append(result.data)
+            out: dict[str, Any] = {"width": result.width_px, "height": result.height_px,
+                                   "mime": result.mime, "blob": len(blobs) - 1}  # fmt: skip
+            if result.frame_seq is not None:
+                out["frame_seq"] = result.frame_seq
+            if result.t_s is not None:
+                out["t_s"] = result.t_s
+            return out
+
+        last = results[-1] if results else None
+        if self.binary and isinstance(last, ImageResult):
+            result = image(last)
+        else:
+            result = vocabulary.format_result(body, results)
+        if settled is None and not blobs:
+            return encode_result(client_id, result)
+        reply: dict[str, Any] = {"id": client_id, "ok": True, "result": result}
+        if settled is not None:
+            shot, ok, waited_ms = settled
+            reply["screenshot_after"] = {
+                **image(shot), "settled": ok, "waited_ms": waited_ms, "frame_seq": shot.frame_seq,
+            }  # fmt: skip
+        if blobs:
+            return encode_binary_reply(reply, blobs)
+        return json.dumps(reply)
+
+
+def _screenshot_after(
+    session: Session, after: ScreenshotAfter, scaler: Scaler | None
+) -> tuple[ImageResult, bool, int]:
+    shot, settled, waited_ms = session.screenshot_after(after.still_ms, after.timeout_ms)
+    if scaler is not None:
+        scaled = _scale_result(Screenshot(), shot, scaler)
+        assert isinstance(scaled, ImageResult)
+        shot = scaled
+    return shot, settled, waited_ms
+
+
 def _execute_all(
     session: Session,
     actions: Sequence[Action],
     raw: Mapping[str, Any] | None,
-    vocabulary: Vocabulary,
-    body: Mapping[str, Any],
     gate_fn: Callable[[Session], Callable[[Action, str], None]] | None = None,
     scaler: Scaler | None = None,
     refund: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> list[Result]:
     if scaler is not None:
         # Client pixels -> display pixels, all before the first action runs, so a batch
         # with a point outside the scaled screenshot runs nothing.
@@ -311,7 +387,7 @@ def _execute_all(
                 refund(sum(len(a.text) for a in unrun if isinstance(a, Type)))
             raise
         results.append(result if scaler is None else _scale_result(action, result, scaler))
-    return vocabulary.format_result(body, results)
+    return results
 
 
 def _scaler_from_query(
