@@ -41,7 +41,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 image_app = typer.Typer(
-    help="Build and list VM base images (offline, from the host's apt sources)."
+    help=(
+        "Base images: build from recipes (vm_images/recipes/*.toml, offline from the host's "
+        "apt sources), import, verify, list, remove. Sessions use an image only after "
+        "`deskvm image verify` booted it to a ready frame (`image build` verifies by default)."
+    ),
+    no_args_is_help=True,
 )
 replay_app = typer.Typer(
     help="Inspect, verify, export, view and rerun recordings (the directory each session writes)."
@@ -192,9 +197,13 @@ def _input_check(settings: Settings) -> bool:
 
 
 def build_image_with_progress(name: str, settings: Settings, *, force: bool = False) -> Any:
-    """Build (or find cached) image ``name`` with a progress bar; returns the BootImage."""
-    from vm_images import build_image
+    """Build (or find cached) image ``name`` with a progress bar; returns the BootImage.
 
+    The recipe is validated first: a bad name or recipe errors before any bar is drawn.
+    """
+    from vm_images import build_image, load_recipe
+
+    recipe = load_recipe(name)  # ImageNotFound / RecipeError before drawing anything
     with Progress(
         TextColumn("[bold]image[/] {task.fields[name]}"),
         BarColumn(),
@@ -204,28 +213,97 @@ def build_image_with_progress(name: str, settings: Settings, *, force: bool = Fa
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task("build", total=1.0, name=name, phase="starting")
+        task = progress.add_task("build", total=1.0, name=recipe.name, phase="starting")
 
         def update(phase: str, fraction: float) -> None:
             progress.update(task, completed=fraction, phase=phase)
 
         image = build_image(name, settings.images_dir, progress=update, force=force)
-        progress.update(task, completed=1.0, phase="ready")
+        progress.update(task, completed=1.0, phase="built")
     return image
+
+
+def verify_image_with_progress(
+    name: str,
+    settings: Settings,
+    *,
+    width_px: int | None = None,
+    height_px: int | None = None,
+    boot_timeout_s: float | None = None,
+) -> Any:
+    """Boot image ``name`` to a ready frame (spinner + elapsed time) and mark it verified."""
+    from rich.progress import SpinnerColumn
+
+    from agent_bridge.runtime import verify_image
+    from vm_images import find_image
+
+    image = find_image(name, settings.images_dir, require_verified=False)  # fail early
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]verify[/] {task.fields[name]} {task.fields[hash]}"),
+        TextColumn("{task.fields[phase]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task(
+            "verify", total=None, name=name, hash=image.content_hash[:12], phase="defining"
+        )
+        outcome = verify_image(
+            settings,
+            name,
+            width_px=width_px,
+            height_px=height_px,
+            boot_timeout_s=boot_timeout_s,
+            on_started=lambda sid: progress.update(
+                task, phase=f"booting session {sid} until its ready frame"
+            ),
+        )
+        progress.update(task, phase=f"ready in {outcome.boot_to_ready_s:.1f} s", total=1,
+                        completed=1)  # fmt: skip
+    console.print(
+        f"[green]Image {name} verified[/]: ready frame after {outcome.boot_to_ready_s:.1f} s "
+        f"(frame: {outcome.verified_json.with_name('ready.png')}, recording: {outcome.recording})"
+    )
+    return outcome
+
+
+RecipeArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="Recipe name (see `deskvm image ls`) or path of a recipe file NAME.toml. "
+        "Default: the default image.",
+        show_default=False,
+    ),
+]
 
 
 @image_app.command("build")
 @_errors
 def image_build(
-    name: Annotated[
-        str | None, typer.Argument(help="Recipe name (default: the default image).")
-    ] = None,
+    name: RecipeArg = None,
     force: Annotated[
         bool, typer.Option(help="Rebuild even if an image of this recipe exists.")
     ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            help="Boot the image to a ready frame afterwards (sessions refuse unverified "
+            "images). Skipped when the image is already verified."
+        ),
+    ] = True,
     state_dir: StateDir = None,
 ) -> None:
-    """Build a base image from its recipe with mmdebstrap (cached by recipe hash)."""
+    """Build a base image from its recipe (mmdebstrap, offline; cached by content hash).
+
+    The recipe is validated before anything is built. With --verify (the default) the new
+    image is then booted once until its ready frame, which makes it usable by sessions.
+
+    Examples: deskvm image build; deskvm image build debian12-full;
+    deskvm image build ./my-desktop.toml --no-verify
+    """
+    from vm_images import find_image
+
     settings = _settings(state_dir)
     name = name or settings.default_image
     t0 = time.monotonic()
@@ -234,24 +312,209 @@ def image_build(
         f"[green]Image {image.name}[/] {image.content_hash[:12]} at {image.base_path.parent} "
         f"({time.monotonic() - t0:.1f} s)"
     )
+    if not verify:
+        console.print(f"not verified yet: run `deskvm image verify {image.name}`")
+        return
+    from vm_images import ImageNotVerified
+
+    try:
+        find_image(image.name, settings.images_dir)
+        console.print("already verified")
+    except ImageNotVerified:
+        verify_image_with_progress(image.name, settings)
 
 
-@image_app.command("list")
+@image_app.command("verify")
 @_errors
-def image_list(state_dir: StateDir = None) -> None:
-    """List recipes and whether an image of their current content is built."""
-    from orchestrator.errors import ImageNotFound
-    from vm_images import find_image, list_recipes
+def image_verify(
+    name: Annotated[
+        str | None, typer.Argument(help="Image name (default: the default image).")
+    ] = None,
+    width: Annotated[
+        int | None, typer.Option(help="Display width in pixels (default: the image's).")
+    ] = None,
+    height: Annotated[
+        int | None, typer.Option(help="Display height in pixels (default: the image's).")
+    ] = None,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option("--timeout-s", help="Seconds to wait for the ready frame."),
+    ] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Boot an image once until its ready frame; only then may sessions use it.
+
+    The guest must report DESKVM_READY on its guest log and the frame must pass the image's
+    check (background, windows, and bands such as a panel). Records verified.json and the
+    ready frame (ready.png) next to the image. Exit code 1 if it does not get there.
+    """
+    settings = _settings(state_dir)
+    verify_image_with_progress(
+        name or settings.default_image, settings, width_px=width, height_px=height,
+        boot_timeout_s=timeout_s,
+    )  # fmt: skip
+
+
+def _size(num_bytes: int) -> str:
+    if num_bytes >= 1024**3:
+        return f"{num_bytes / 1024**3:.2f} GiB"
+    return f"{num_bytes / 1024**2:.0f} MiB"
+
+
+@image_app.command("ls")
+@_errors
+def image_ls(
+    all_versions: Annotated[
+        bool, typer.Option("--all", help="Also images of older recipe versions.")
+    ] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """List images: name, content hash, size, build date, verified, and recipes not built."""
+    from vm_images import image_records, list_recipes
 
     settings = _settings(state_dir)
-    table = Table("recipe", "built", "hash", "path")
+    records = image_records(settings.images_dir)
+    table = Table("name", "hash", "size", "built", "verified", "source", "boot")
+    shown = set()
+    for r in records:
+        if not (r.current or all_versions):
+            continue
+        shown.add(r.name)
+        verified = (
+            f"[green]yes[/] {r.verified.verified_at[:10]} ({r.verified.boot_to_ready_s:.0f} s "
+            f"{r.verified.accel})"
+            if r.verified is not None
+            else f"[yellow]no[/] (deskvm image verify {r.name})"
+        )
+        name = r.name if r.current else f"[dim]{r.name} (old)[/]"
+        table.add_row(
+            name, r.content_hash[:12], _size(r.size_bytes), r.built_at.replace("T", " ")[:16],
+            verified, r.source, r.boot,
+        )  # fmt: skip
     for recipe in list_recipes():
-        try:
-            image = find_image(recipe, settings.images_dir)
-            table.add_row(recipe, "yes", image.content_hash[:12], str(image.base_path.parent))
-        except ImageNotFound:
-            table.add_row(recipe, "[yellow]no[/]", "", f"deskvm image build {recipe}")
+        if recipe not in shown:
+            table.add_row(recipe, "-", "-", "[yellow]not built[/]", "-", "recipe", "direct")
     out.print(table)
+    out.print(f"images: {settings.images_dir}")
+
+
+@image_app.command("list", hidden=True)
+@_errors
+def image_list(state_dir: StateDir = None) -> None:
+    """Same as `deskvm image ls` (kept for scripts)."""
+    image_ls(all_versions=False, state_dir=state_dir)
+
+
+@image_app.command("rm")
+@_errors
+def image_rm(
+    name: Annotated[str, typer.Argument(help="Image name.")],
+    content_hash: Annotated[
+        str | None,
+        typer.Option("--hash", help="Remove only the version whose hash starts with this."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option(help="Remove even if a running domain uses it (breaks it).")
+    ] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Delete an image (every version, or one with --hash). Refuses while a VM uses it."""
+    from agent_bridge.runtime import domains_using
+    from vm_images import image_records, remove_image
+
+    settings = _settings(state_dir)
+    targets = [
+        r for r in image_records(settings.images_dir)
+        if r.name == name and (content_hash is None or r.content_hash.startswith(content_hash))
+    ]  # fmt: skip
+    if not force:
+        busy = {d for r in targets for d in domains_using(settings, r.path)}
+        if busy:
+            console.print(
+                f"[bold red]error[/] (image_in_use): running domains use {name}: "
+                f"{', '.join(sorted(busy))} (end those sessions, or --force)"
+            )
+            raise typer.Exit(1)
+    removed = remove_image(name, settings.images_dir, content_hash=content_hash)
+    for path in removed:
+        console.print(f"removed {path}")
+
+
+@image_app.command("import")
+@_errors
+def image_import(
+    qcow2: Annotated[Path, typer.Argument(help="The disk image (qcow2, no backing file).")],
+    name: Annotated[str, typer.Option("--name", help="Image name sessions will ask for.")],
+    kernel: Annotated[
+        Path | None, typer.Option(help="Kernel for direct kernel boot (with --initrd).")
+    ] = None,
+    initrd: Annotated[
+        Path | None, typer.Option(help="Initial ramdisk for direct kernel boot.")
+    ] = None,
+    cmdline: Annotated[
+        str | None,
+        typer.Option(help="Base kernel command line for direct boot (root=..., console=...)."),
+    ] = None,
+    boot: Annotated[
+        str | None,
+        typer.Option(
+            help="bios or uefi: the image boots with its own boot loader (no --kernel)."
+        ),
+    ] = None,
+    metadata: Annotated[
+        Path | None,
+        typer.Option(
+            help="Metadata JSON (boot, ready check, helper port); default FILE.deskvm.json "
+            "next to the qcow2 if present (the Packer templates write it)."
+        ),
+    ] = None,
+    verify: Annotated[
+        bool, typer.Option(help="Boot it to a ready frame afterwards (makes it usable).")
+    ] = True,
+    state_dir: StateDir = None,
+) -> None:
+    """Import a qcow2 built elsewhere (e.g. by packer/) and verify it like a built image.
+
+    Examples: deskvm image import out/debian12-packer.qcow2 --name debian12-packer --boot bios;
+    deskvm image import disk.qcow2 --name mine --kernel vmlinuz --initrd initrd.img
+    """
+    from vm_images.importer import import_image, load_metadata, metadata_beside
+
+    if boot not in (None, "bios", "uefi"):
+        raise typer.BadParameter(f"--boot must be bios or uefi, not {boot!r}")
+    settings = _settings(state_dir)
+    meta_path = metadata if metadata is not None else metadata_beside(qcow2)
+    meta = None
+    if metadata is not None or meta_path.is_file():
+        meta = load_metadata(meta_path)
+        console.print(f"metadata: {meta_path}")
+    with Progress(
+        TextColumn("[bold]import[/] {task.fields[name]}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[phase]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("import", total=1.0, name=name, phase="checking")
+
+        def update(phase: str, fraction: float) -> None:
+            progress.update(task, completed=fraction, phase=phase)
+
+        image = import_image(
+            qcow2, name, settings.images_dir, metadata=meta,
+            boot=boot,  # type: ignore[arg-type]
+            kernel=kernel, initrd=initrd, kernel_cmdline=cmdline, progress=update,
+        )  # fmt: skip
+        progress.update(task, completed=1.0, phase="imported")
+    console.print(
+        f"[green]Image {image.name}[/] {image.content_hash[:12]} ({image.boot} boot) at "
+        f"{image.base_path.parent}"
+    )
+    if verify:
+        verify_image_with_progress(name, settings)
+    else:
+        console.print(f"not verified yet: run `deskvm image verify {name}`")
 
 
 @app.command()
@@ -526,6 +789,12 @@ def demo(
     if accel == "tcg":
         console.print("[yellow]Guests run under TCG here: expect ~20-40 s to boot.[/]")
     build_image_with_progress(settings.default_image, settings)
+    from vm_images import ImageNotVerified, find_image
+
+    try:
+        find_image(settings.default_image, settings.images_dir)
+    except ImageNotVerified:
+        verify_image_with_progress(settings.default_image, settings)
     manager = build_manager(settings)
     manager.reap()
     token = secrets.token_urlsafe(24)

@@ -6,21 +6,32 @@ fakes instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.egress.base import Egress, EgressSettings
-from orchestrator.errors import HostSetupError
+from orchestrator.errors import DeskvmError, HostSetupError, HypervisorError
 from orchestrator.host import load_accel
 from orchestrator.hypervisor.base import Accel
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
-from orchestrator.spec import BootImage, new_session_id
+from orchestrator.spec import BootImage, DisplaySpec, new_session_id
 
-__all__ = ["BackgroundServer", "build_egress", "build_manager", "ensure_token", "resolve_accel"]
+__all__ = [
+    "BackgroundServer",
+    "build_egress",
+    "build_manager",
+    "domains_using",
+    "ensure_token",
+    "resolve_accel",
+    "verify_image",
+]
 
 
 def resolve_accel(settings: Settings) -> Accel:
@@ -88,6 +99,7 @@ def build_manager(
     *,
     egress: Egress | None = None,
     new_id: Callable[[], str] | None = None,
+    resolve_image: Callable[[str], BootImage] | None = None,
 ) -> SessionManager:
     """A :class:`SessionManager` on libvirt with images from ``settings.images_dir``.
 
@@ -95,6 +107,8 @@ def build_manager(
         settings: the host's settings.
         egress: the egress seam; default :func:`build_egress` of ``settings``.
         new_id: session id factory (a cluster node uses the ids its bridges place).
+        resolve_image: image name -> image; default: the verified image of that name in
+            ``settings.images_dir`` (:func:`vm_images.find_image`).
 
     Raises:
         HypervisorError: libvirt is not reachable.
@@ -104,8 +118,10 @@ def build_manager(
     from orchestrator.hypervisor.libvirt import LibvirtHypervisor
     from vm_images import find_image
 
-    def resolve(name: str) -> BootImage:
+    def find_verified(name: str) -> BootImage:
         return find_image(name or settings.default_image, settings.images_dir)
+
+    resolve = resolve_image if resolve_image is not None else find_verified
 
     hypervisor = LibvirtHypervisor(
         settings.sessions_dir, accel=resolve_accel(settings), uri=settings.libvirt_uri
@@ -172,3 +188,143 @@ class BackgroundServer:
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=120)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyOutcome:
+    """What :func:`verify_image` did.
+
+    Attributes:
+        image: the verified image.
+        boot_to_ready_s: seconds from the session request to the ready frame.
+        recording: the verify session's recording directory.
+        verified_json: where the verification was recorded.
+    """
+
+    image: BootImage
+    boot_to_ready_s: float
+    recording: Path
+    verified_json: Path
+
+
+def verify_image(
+    settings: Settings,
+    name: str,
+    *,
+    width_px: int | None = None,
+    height_px: int | None = None,
+    boot_timeout_s: float | None = None,
+    on_started: Callable[[str], None] | None = None,
+) -> VerifyOutcome:
+    """Boot image ``name`` once, wait for its ready frame, and record it as verified.
+
+    The session is an ordinary one (no NIC, overlay, recording in ``recordings_dir``); it
+    is ready when the guest reported ``DESKVM_READY`` and the frame check of the image
+    (background, windows, bands such as a panel) passed. Then ``verified.json`` and
+    ``ready.png`` are written next to the image and the session is deleted.
+
+    Args:
+        settings: the host's settings.
+        name: image name.
+        width_px, height_px: display size (default: the image's default display, else
+            1280x800).
+        boot_timeout_s: deadline for the ready frame (default: the image's
+            ``ready.boot_timeout_s``, at least ``settings.boot_timeout_s``).
+        on_started: called with the session id once the domain is defined.
+
+    Raises:
+        ImageNotFound: no such image.
+        BootTimeout, HypervisorError: the boot did not reach a ready frame (the image stays
+            unverified; the message carries the console tail).
+    """
+    import json
+
+    from agent_bridge.protocol.actions import Screenshot
+    from agent_bridge.protocol.results import ImageResult
+    from vm_images import VerifyRecord, find_image, mark_verified
+
+    image = find_image(name, settings.images_dir, require_verified=False)
+    try:
+        meta = json.loads((image.base_path.parent / "image.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = {}
+    default = meta.get("display_default") or [1280, 800]
+    display = DisplaySpec(
+        width_px=width_px if width_px is not None else int(default[0]),
+        height_px=height_px if height_px is not None else int(default[1]),
+    )
+    timeout_s = boot_timeout_s
+    if timeout_s is None:
+        image_timeout_s = float((meta.get("ready") or {}).get("boot_timeout_s", 180.0))
+        timeout_s = max(image_timeout_s, settings.boot_timeout_s)
+    manager = build_manager(settings, egress=None, resolve_image=lambda _name: image)
+    t0 = time.monotonic()
+    session = manager.create(
+        image=name,
+        display=display,
+        boot_timeout_s=timeout_s,
+        on_started=(lambda s: on_started(s.id)) if on_started is not None else None,
+    )
+    boot_s = time.monotonic() - t0
+    try:
+        shot = session.execute(Screenshot(), source="system")
+        if not isinstance(shot, ImageResult):  # pragma: no cover - the action's contract
+            raise HypervisorError("verify: the screenshot returned no image")
+        recording = manager.recordings_dir / session.id
+    finally:
+        with contextlib.suppress(DeskvmError):
+            session.close(reason="image verified")
+    record = VerifyRecord(
+        verified_at=_now_iso(),
+        boot_to_ready_s=round(boot_s, 1),
+        accel=str(manager.hypervisor.accel),
+        width_px=display.width_px,
+        height_px=display.height_px,
+        reason="DESKVM_READY and the image's frame check passed",
+    )
+    path = mark_verified(image, record, shot.data)
+    return VerifyOutcome(
+        image=image, boot_to_ready_s=record.boot_to_ready_s, recording=recording,
+        verified_json=path,
+    )  # fmt: skip
+
+
+def _now_iso() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def domains_using(settings: Settings, image_dir: Path) -> list[str]:
+    """Names of running libvirt domains (any installation) whose disks sit on ``image_dir``.
+
+    Reads each domain's live XML (``<backingStore>`` chain included) on
+    ``settings.libvirt_uri``.
+
+    Raises:
+        HypervisorError: libvirt is not reachable.
+    """
+    import xml.etree.ElementTree as ET
+
+    import libvirt
+
+    prefix = str(image_dir.resolve()) + "/"
+    try:
+        conn = libvirt.open(settings.libvirt_uri)
+    except libvirt.libvirtError as exc:
+        raise HypervisorError(f"cannot connect to {settings.libvirt_uri}: {exc}") from exc
+    users: list[str] = []
+    try:
+        for dom in conn.listAllDomains():
+            try:
+                root = ET.fromstring(dom.XMLDesc(0))
+            except (libvirt.libvirtError, ET.ParseError):
+                continue
+            for source in root.iter("source"):
+                path = source.get("file") or ""
+                if path.startswith(prefix):
+                    users.append(dom.name())
+                    break
+    finally:
+        conn.close()
+    return sorted(users)

@@ -63,7 +63,7 @@ from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
 from orchestrator.imaging import encode_png as _encode_png
 from orchestrator.input_plan import HelperStep, Pacing, PlanStep, plan_action, release_all
 from orchestrator.recorder import Recorder, Source
-from orchestrator.spec import SessionSpec
+from orchestrator.spec import ReadyCheck, SessionSpec
 
 __all__ = [
     "DECISION_LOG_LAG_S",
@@ -151,26 +151,53 @@ def decision_from_json(data: Mapping[str, Any], session_id: str) -> NetworkDecis
 
 
 def desktop_drawn(
-    image: Image.Image, *, width_px: int, height_px: int, background_rgb: tuple[int, int, int]
+    image: Image.Image,
+    *,
+    width_px: int,
+    height_px: int,
+    background_rgb: tuple[int, int, int],
+    ready: ReadyCheck | None = None,
 ) -> tuple[bool, str]:
-    """Whether a frame shows the image's desktop: right size, background and windows drawn.
+    """Whether a frame shows the image's desktop: right size, background, windows, bands.
 
-    Ready means at least 10% of the pixels are the desktop background colour (the root
-    window is painted) and at least 1% are not (a window, the xterm, is drawn).
+    Ready means at least ``ready.min_background_share`` of the pixels are the desktop
+    background colour (the root window is painted; default 10%), at least
+    ``ready.min_window_share`` are not (a window is drawn; default 1%), and every band of
+    ``ready.regions`` (e.g. a panel) is drawn: enough of its pixels differ from the
+    background and it shows enough distinct colours. A pixel is background when every
+    channel is within 6 of ``background_rgb``.
 
     Returns:
         ``(ready, reason)``; ``reason`` explains a ``False``.
     """
+    check = ready if ready is not None else ReadyCheck()
     if image.size != (width_px, height_px):
         return False, f"screen is {image.width}x{image.height}, want {width_px}x{height_px}"
     pixels = np.asarray(image.convert("RGB"), dtype=np.int16)
     background = np.all(np.abs(pixels - np.array(background_rgb, dtype=np.int16)) <= 6, axis=2)
     share = float(background.mean())
-    if share < 0.10:
+    if share < check.min_background_share:
         return False, f"background covers {share:.1%} of the screen (desktop not painted yet)"
-    if share > 0.99:
-        return False, "only background is drawn (no window yet)"
-    return True, f"background {share:.1%}, windows {1 - share:.1%}"
+    if 1 - share < check.min_window_share:
+        return False, f"only background is drawn (windows {1 - share:.1%}: no window yet)"
+    for region in check.regions:
+        top = region.top_px if region.top_px >= 0 else height_px + region.top_px
+        top = max(0, min(height_px, top))
+        bottom = max(top, min(height_px, top + region.height_px))
+        if bottom == top:
+            return False, f"{region.name}: band outside the {width_px}x{height_px} screen"
+        band_background = background[top:bottom]
+        foreground = 1 - float(band_background.mean())
+        if foreground < region.min_foreground_share:
+            return False, f"{region.name} not drawn ({foreground:.0%} of its band drawn)"
+        band = pixels[top:bottom].reshape(-1, 3).astype(np.int32)
+        colours = len(np.unique(band[:, 0] * 65536 + band[:, 1] * 256 + band[:, 2]))
+        if colours < region.min_colours:
+            return False, f"{region.name} not drawn ({colours} colours in its band)"
+    drawn = ", ".join(r.name for r in check.regions)
+    return True, f"background {share:.1%}, windows {1 - share:.1%}" + (
+        f", {drawn} drawn" if drawn else ""
+    )
 
 
 def probe_drawn(image: Image.Image, *, width_px: int, height_px: int) -> tuple[bool, str]:
@@ -476,6 +503,7 @@ class Session:
                         width_px=d.width_px,
                         height_px=d.height_px,
                         background_rgb=spec.image.background_rgb,
+                        ready=spec.image.ready,
                     )
                 if ready:
                     self._record_frame(image, reason="ready", source="system")

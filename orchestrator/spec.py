@@ -21,10 +21,13 @@ __all__ = [
     "MIN_DISPLAY_PX",
     "Autostart",
     "BootImage",
+    "BootMode",
     "CidrAllow",
     "DisplaySpec",
     "DomainAllow",
     "EgressPolicy",
+    "ReadyCheck",
+    "ReadyRegion",
     "SessionSpec",
     "new_session_id",
     "parse_egress_entry",
@@ -86,6 +89,48 @@ class DisplaySpec:
             raise ConfigError(f"display width {self.width_px}px must be a multiple of 8")
 
 
+BootMode = Literal["direct", "bios", "uefi"]
+"""How an image boots: ``direct`` (the host passes kernel, initrd and command line; deskvm's
+own builds), ``bios`` or ``uefi`` (the image's own boot loader; imported images)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyRegion:
+    """A full-width band of the screen that must be drawn before the desktop counts as ready.
+
+    Attributes:
+        name: what the band shows, e.g. ``"panel"`` (named in "not ready" reasons).
+        top_px: first row of the band, guest pixels from the top; negative counts from the
+            bottom edge (``-28``: the last 28 rows start there).
+        height_px: rows in the band.
+        min_foreground_share: share (0..1) of the band's pixels that must differ from the
+            desktop background.
+        min_colours: distinct colours the band must show (a panel draws items, a blank
+            strip does not).
+    """
+
+    name: str
+    top_px: int
+    height_px: int
+    min_foreground_share: float = 0.9
+    min_colours: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyCheck:
+    """The host's frame check once the guest reported ``DESKVM_READY`` (per image).
+
+    Attributes:
+        min_background_share: share (0..1) of the screen that must be the background colour.
+        min_window_share: share (0..1) that must not be (windows are drawn).
+        regions: bands that must be drawn as well (e.g. the panel).
+    """
+
+    min_background_share: float = 0.10
+    min_window_share: float = 0.01
+    regions: tuple[ReadyRegion, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class BootImage:
     """A built, read-only base image and what is needed to boot it directly.
@@ -94,23 +139,33 @@ class BootImage:
         name: recipe name, e.g. ``"debian12-desktop"``.
         content_hash: sha256 hex of the recipe (and builder) the image was built from.
         base_path: qcow2 base disk; sessions put an overlay on it and never write to it.
-        kernel_path: kernel for direct boot (``vmlinuz``).
-        initrd_path: initial ramdisk for direct boot.
+        kernel_path: kernel for direct boot (``vmlinuz``); ``None`` unless ``boot`` is
+            ``"direct"``.
+        initrd_path: initial ramdisk for direct boot; ``None`` unless ``boot`` is ``"direct"``.
         kernel_cmdline: base kernel command line; the session appends its own parameters
-            (``deskvm.display=WxH``).
+            (``deskvm.display=WxH``). Images that boot themselves get those parameters as
+            SMBIOS OEM strings instead.
         background_rgb: the desktop's root-window colour, used by the readiness frame check.
         helper_port: the virtio-serial port name the image's guest helper serves (text with
             no key on the US layout, horizontal wheel), or ``None`` for an image without one.
+        ready: the rest of the readiness frame check (shares, bands such as a panel).
+        boot: ``direct``, ``bios`` or ``uefi`` (:data:`BootMode`).
     """
 
     name: str
     content_hash: str
     base_path: Path
-    kernel_path: Path
-    initrd_path: Path
+    kernel_path: Path | None
+    initrd_path: Path | None
     kernel_cmdline: str = "root=/dev/vda rw console=ttyS0,115200"
     background_rgb: tuple[int, int, int] = (0x2E, 0x4A, 0x62)
     helper_port: str | None = None
+    ready: ReadyCheck = field(default_factory=ReadyCheck)
+    boot: BootMode = "direct"
+
+    def __post_init__(self) -> None:
+        if self.boot == "direct" and (self.kernel_path is None or self.initrd_path is None):
+            raise ConfigError(f"image {self.name!r} boots directly but has no kernel/initrd")
 
 
 MAX_EGRESS_ENTRIES = 256

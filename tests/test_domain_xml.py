@@ -128,3 +128,33 @@ def test_video_memory_holds_the_framebuffer() -> None:
     assert vga_memory_kib(DisplaySpec(2560, 1600)) == 16 * 1024
     assert vga_memory_kib(DisplaySpec(4096, 2160)) == 64 * 1024
     assert vga_memory_kib(DisplaySpec(4096, 4096)) == 64 * 1024
+
+
+@pytest.mark.parametrize("boot", ["bios", "uefi"])
+def test_domain_xml_of_an_image_that_boots_itself(boot: str) -> None:
+    image = dataclasses.replace(
+        IMAGE, kernel_path=None, initrd_path=None, kernel_cmdline="", boot=boot
+    )
+    spec = dataclasses.replace(SPEC, image=image, autostart="input-probe")
+    xml = render_domain_xml(spec, PATHS, accel="tcg", created=CREATED, owner=OWNER)
+    check_golden(f"domain-{boot}.xml", xml)
+    root = ET.fromstring(xml)
+    os_el = root.find("os")
+    assert os_el is not None
+    assert os_el.find("kernel") is None and os_el.find("cmdline") is None
+    assert os_el.find("boot").get("dev") == "hd"  # type: ignore[union-attr]
+    assert os_el.find("smbios").get("mode") == "sysinfo"  # type: ignore[union-attr]
+    entries = [e.text for e in root.findall("sysinfo/oemStrings/entry")]
+    assert entries == ["deskvm.display=1280x800", "deskvm.autostart=input-probe"]
+    if boot == "uefi":
+        assert os_el.get("firmware") == "efi"
+        assert os_el.find("nvram").text == str(PATHS.nvram)  # type: ignore[union-attr]
+    else:
+        assert os_el.get("firmware") is None
+
+
+def test_a_direct_boot_image_needs_kernel_and_initrd() -> None:
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no kernel/initrd"):
+        dataclasses.replace(IMAGE, kernel_path=None)

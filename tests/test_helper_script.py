@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from vm_images.builder import RECIPES_DIR
+from vm_images.recipe import GUEST_DIR
 
-SCRIPT = RECIPES_DIR / "debian12-desktop" / "rootfs" / "usr" / "local" / "bin" / "deskvm-helper"
+SCRIPT = GUEST_DIR / "base" / "usr" / "local" / "bin" / "deskvm-helper"
 
 
 def load_helper() -> ModuleType:

@@ -204,6 +204,41 @@ def test_desktop_drawn_frame_check() -> None:
     assert desktop_drawn(desktop, width_px=800, height_px=600, background_rgb=bg)[0] is False
 
 
+def test_desktop_drawn_waits_for_each_ready_region() -> None:
+    from PIL import Image, ImageDraw
+
+    from orchestrator.spec import ReadyCheck, ReadyRegion
+
+    bg = (0x2E, 0x4A, 0x62)
+    check = ReadyCheck(regions=(ReadyRegion("panel", top_px=0, height_px=24, min_colours=4),))
+    desktop = Image.new("RGB", (640, 480), bg)
+    desktop.paste((255, 255, 255), (40, 60, 400, 300))  # a window, but no panel yet
+    ready, reason = desktop_drawn(
+        desktop, width_px=640, height_px=480, background_rgb=bg, ready=check
+    )
+    assert not ready and reason.startswith("panel not drawn")
+    desktop.paste((0xDD, 0xDD, 0xDD), (0, 0, 640, 24))  # a flat strip: not drawn yet
+    ready, reason = desktop_drawn(
+        desktop, width_px=640, height_px=480, background_rgb=bg, ready=check
+    )
+    assert not ready and "colours" in reason
+    draw = ImageDraw.Draw(desktop)
+    draw.text((4, 4), "Applications", fill=(0, 0, 0))
+    draw.rectangle((590, 4, 630, 20), fill=(0x33, 0x66, 0xCC))
+    ready, reason = desktop_drawn(
+        desktop, width_px=640, height_px=480, background_rgb=bg, ready=check
+    )
+    assert ready and "panel drawn" in reason
+    bottom = ReadyCheck(regions=(ReadyRegion("dock", top_px=-24, height_px=24),))
+    assert not desktop_drawn(
+        desktop, width_px=640, height_px=480, background_rgb=bg, ready=bottom
+    )[0]
+    strict = ReadyCheck(min_background_share=0.9)
+    assert "background covers" in desktop_drawn(
+        desktop, width_px=640, height_px=480, background_rgb=bg, ready=strict
+    )[1]
+
+
 def test_close_cuts_a_running_wait_short() -> None:
     import threading
     import time

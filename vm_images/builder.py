@@ -1,30 +1,32 @@
-"""Offline image builder: a recipe directory in, a bootable read-only base image out.
+"""Offline image builder: a recipe (TOML data) in, a bootable read-only base image out.
 
-A recipe (``vm_images/recipes/<name>/``) is declarative::
+A recipe (:mod:`vm_images.recipe`, ``vm_images/recipes/<name>.toml``) declares the suite,
+packages, path filters, file sets, users, services, desktop defaults, keyboard layout and
+what a ready frame looks like. The build is ``mmdebstrap`` (from the host's deb.debian.org
+apt sources) into a directory, the recipe's file sets and generated files copied over it,
+one generated finalize script run in the new root (users, services, caches, the recipe's
+declared ``customize.commands``), ``mkfs.ext4 -d`` into a raw whole-disk ext4 file (no
+partition table, no loop mount), then ``qemu-img convert -O qcow2``. The result lands in
+``<images_dir>/<name>/<content_hash>/`` (layout: :mod:`vm_images.store`).
 
-    recipe.toml     suite, packages, dpkg path filters, kernel command line, disk headroom
-    rootfs/         files copied over the root filesystem after the packages are installed
-                    ([preseed] paths are also copied in before, e.g. initramfs config)
-    customize.sh    run as root inside the new root filesystem (chroot), last
+Generated in the guest from the recipe (a file set providing one of these is an error)::
 
-The build is ``mmdebstrap`` (from the host's deb.debian.org apt sources) into a directory,
-``mkfs.ext4 -d`` into a raw whole-disk ext4 file (no partition table, no loop mount), then
-``qemu-img convert -O qcow2``. The result lands in ``<images_dir>/<name>/<content_hash>/``::
+    /etc/deskvm/image.conf        DESKVM_IMAGE, DESKVM_DISPLAY_DEFAULT, DESKVM_BACKGROUND,
+                                  DESKVM_KEYBOARD_LAYOUT (sourced by the session scripts)
+    /etc/deskvm/autostart         desktop.autostart, one command per line
+    /etc/X11/xorg.conf.d/00-deskvm-keyboard.conf, /etc/default/keyboard   the XKB layout
+    /etc/hostname, /etc/hosts, /etc/fstab
 
-    base.qcow2      read-only base disk (sessions add an overlay)
-    vmlinuz         kernel for direct boot
-    initrd.img      initial ramdisk for direct boot
-    packages.tsv    installed Debian packages (name, version)
-    image.json      name, content_hash, kernel_cmdline, built_at, sizes (written last)
-
-The content hash is sha256 over the recipe's files (relative path, executable bit and
-bytes, sorted by path) and :data:`BUILDER_FORMAT_VERSION`; an image directory that exists
-and is complete is never rebuilt. Builds happen in a temporary directory next to the final
-one, renamed into place at the end: a failed or interrupted build leaves nothing behind.
+The content hash (:func:`vm_images.recipe.recipe_hash`) covers everything that goes in; an
+image directory that exists and is complete is never rebuilt. Builds happen in a temporary
+directory next to the final one, renamed into place at the end: a failed or interrupted
+build leaves nothing behind. Downloaded packages are kept in ``<images_dir>/.cache/<suite>/``
+and reused; dpkg runs under eatmydata (no fsync) when the host has it.
 
 Errors (all :class:`~orchestrator.errors.DeskvmError`)::
 
-    ImageNotFound     unknown recipe, or recipe not built yet (find_image)
+    ImageNotFound     unknown recipe
+    RecipeError       the recipe does not validate (names the field and allowed values)
     HostSetupError    not root, or mmdebstrap / mkfs.ext4 / qemu-img missing
     ImageBuildError   a build tool failed (message ends with the tool's output tail)
 """
@@ -33,60 +35,52 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
-import fcntl
-import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
 import time
-import tomllib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import HostSetupError, ImageBuildError, ImageNotFound
+from orchestrator.errors import HostSetupError, ImageBuildError
 from orchestrator.spec import BootImage
+from vm_images.recipe import (
+    BUILDER_FORMAT_VERSION,
+    Recipe,
+    RecipeError,
+    load_recipe,
+    recipe_hash,
+)
+from vm_images.store import boot_image, locked, make_dirs, now_iso, read_meta
 
 __all__ = [
-    "BUILDER_FORMAT_VERSION",
     "DEFAULT_IMAGE",
     "HOST_APT_SOURCES",
-    "RECIPES_DIR",
     "ProgressCallback",
-    "Recipe",
     "build_image",
-    "find_image",
-    "list_recipes",
-    "load_recipe",
-    "recipe_hash",
+    "generated_files",
 ]
 
 DEFAULT_IMAGE = "debian12-desktop"
 """The recipe sessions boot unless told otherwise."""
 
-BUILDER_FORMAT_VERSION = 1
-"""Bumped whenever the builder changes what it produces; part of every content hash."""
-
-RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
-"""Where the recipes shipped with deskvm live."""
-
 HOST_APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
 """The host's deb822 apt sources; only deb.debian.org entries of the recipe's suites are used."""
+
+EATMYDATA_HOOKS = Path("/usr/share/mmdebstrap/hooks/eatmydata")
+"""mmdebstrap's hook directory that runs dpkg under eatmydata (used if the host has it)."""
 
 ProgressCallback = Callable[[str, float], None]
 """``progress(phase, fraction)``: phase name and overall completion in 0..1."""
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-_IMAGE_FILES = ("base.qcow2", "vmlinuz", "initrd.img", "image.json")
 _MIB = 1024 * 1024
 _TAIL_LINES = 60
 _TOOLS = ("mmdebstrap", "mkfs.ext4", "qemu-img", "chroot")
-_SKIPPED_NAMES = frozenset({"__pycache__", ".DS_Store"})
 
 # mmdebstrap --verbose progress lines -> (phase, overall fraction when they appear).
 _MMDEBSTRAP_MILESTONES = (
@@ -103,171 +97,6 @@ _FILESYSTEM_END = 0.85
 _QCOW2_END = 0.98
 
 
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    """A parsed ``recipe.toml`` and where its recipe directory is.
-
-    Attributes:
-        name: recipe (and image) name, the directory name.
-        path: the recipe directory.
-        description: one line for humans.
-        suite: Debian suite given to mmdebstrap, e.g. ``"bookworm"``.
-        variant: mmdebstrap variant, e.g. ``"apt"``.
-        mirror_suites: suites kept from the host's deb.debian.org apt sources.
-        components: archive components kept, e.g. ``("main",)``.
-        packages: packages installed on top of the variant (no Recommends).
-        dpkg_path_exclude: dpkg ``path-exclude`` globs (also kept in the guest).
-        dpkg_path_include: dpkg ``path-include`` globs (exceptions to the excludes).
-        preseed_paths: paths under ``rootfs/`` copied in before packages are installed.
-        kernel_cmdline: base kernel command line (the host appends ``deskvm.*`` options).
-        headroom_mib: free space in MiB left in the root filesystem beyond its content.
-        background_rgb: root-window colour the desktop paints, 0..255 per channel.
-        helper_port: name of the virtio-serial port the image's guest helper serves
-            (e.g. ``"dev.deskvm.helper.0"``), or ``None`` when the image has no helper.
-    """
-
-    name: str
-    path: Path
-    description: str
-    suite: str
-    variant: str
-    mirror_suites: tuple[str, ...]
-    components: tuple[str, ...]
-    packages: tuple[str, ...]
-    dpkg_path_exclude: tuple[str, ...]
-    dpkg_path_include: tuple[str, ...]
-    preseed_paths: tuple[str, ...]
-    kernel_cmdline: str
-    headroom_mib: int
-    background_rgb: tuple[int, int, int]
-    helper_port: str | None = None
-
-
-_PORT_RE = re.compile(r"^[a-z][a-z0-9.]{0,62}$")
-
-
-def _port_name(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _PORT_RE.match(value):
-        raise ValueError(f"helper_port must match {_PORT_RE.pattern}, got {value!r}")
-    return value
-
-
-def list_recipes(*, recipes_dir: Path | None = None) -> list[str]:
-    """Names of the recipes that can be built, sorted.
-
-    Args:
-        recipes_dir: directory holding recipe directories (default :data:`RECIPES_DIR`).
-
-    Returns:
-        Names of the subdirectories that contain a ``recipe.toml``.
-    """
-    root = recipes_dir if recipes_dir is not None else RECIPES_DIR
-    if not root.is_dir():
-        return []
-    return sorted(
-        p.name for p in root.iterdir() if (p / "recipe.toml").is_file() and _NAME_RE.match(p.name)
-    )
-
-
-def load_recipe(name: str, *, recipes_dir: Path | None = None) -> Recipe:
-    """Read and validate one recipe.
-
-    Args:
-        name: recipe name, e.g. ``"debian12-desktop"``.
-        recipes_dir: directory holding recipe directories (default :data:`RECIPES_DIR`).
-
-    Returns:
-        The parsed recipe.
-
-    Raises:
-        ImageNotFound: no recipe of that name.
-        ImageBuildError: the recipe exists but ``recipe.toml`` is malformed.
-    """
-    path = _recipe_dir(name, recipes_dir)
-    try:
-        data = tomllib.loads((path / "recipe.toml").read_text(encoding="utf-8"))
-        image = data["image"]
-        rgb = tuple(int(c) for c in image.get("background_rgb", (0x2E, 0x4A, 0x62)))
-        if len(rgb) != 3 or not all(0 <= c <= 255 for c in rgb):
-            raise ValueError(f"background_rgb must be 3 values in 0..255, got {rgb}")
-        recipe = Recipe(
-            name=name,
-            path=path,
-            description=str(image.get("description", "")),
-            suite=str(image["suite"]),
-            variant=str(image.get("variant", "apt")),
-            mirror_suites=_str_tuple(image.get("mirror_suites", [image["suite"]])),
-            components=_str_tuple(image.get("components", ["main"])),
-            packages=_str_tuple(data.get("packages", {}).get("include", [])),
-            dpkg_path_exclude=_str_tuple(data.get("dpkg", {}).get("path_exclude", [])),
-            dpkg_path_include=_str_tuple(data.get("dpkg", {}).get("path_include", [])),
-            preseed_paths=_str_tuple(data.get("preseed", {}).get("paths", [])),
-            kernel_cmdline=" ".join(str(image["kernel_cmdline"]).split()),
-            headroom_mib=int(image.get("headroom_mib", 1024)),
-            background_rgb=(rgb[0], rgb[1], rgb[2]),
-            helper_port=_port_name(image.get("helper_port")),
-        )
-    except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
-        raise ImageBuildError(
-            f"recipe {name!r} ({path / 'recipe.toml'}) is invalid: {exc}"
-        ) from exc
-    if recipe.headroom_mib < 0:
-        raise ImageBuildError(f"recipe {name!r}: headroom_mib must not be negative")
-    for preseed in recipe.preseed_paths:
-        if ".." in Path(preseed).parts or not (path / "rootfs" / preseed).exists():
-            raise ImageBuildError(f"recipe {name!r}: preseed path {preseed!r} not under rootfs/")
-    return recipe
-
-
-def recipe_hash(name: str, *, recipes_dir: Path | None = None) -> str:
-    """The content hash an image built from this recipe now would carry.
-
-    sha256 over ``deskvm-image-format <BUILDER_FORMAT_VERSION>`` and, for every file of the
-    recipe directory sorted by relative POSIX path: the path, whether it is executable, its
-    length and its bytes. ``__pycache__`` directories are ignored.
-
-    Args:
-        name: recipe name.
-        recipes_dir: directory holding recipe directories (default :data:`RECIPES_DIR`).
-
-    Returns:
-        64 lowercase hex digits.
-
-    Raises:
-        ImageNotFound: no recipe of that name.
-    """
-    return _hash_tree(_recipe_dir(name, recipes_dir))
-
-
-def find_image(name: str, images_dir: Path, *, recipes_dir: Path | None = None) -> BootImage:
-    """The built image of a recipe's current content hash.
-
-    Args:
-        name: recipe name, e.g. ``"debian12-desktop"``.
-        images_dir: root of built images (``<images_dir>/<name>/<content_hash>/``).
-        recipes_dir: directory holding recipe directories (default :data:`RECIPES_DIR`).
-
-    Returns:
-        The image, ready to boot.
-
-    Raises:
-        ImageNotFound: no such recipe, or it has not been built (since its last change).
-    """
-    recipe = load_recipe(name, recipes_dir=recipes_dir)
-    digest = _hash_tree(recipe.path)
-    image = _complete_image(recipe, digest, images_dir / name / digest)
-    if image is None:
-        older = _built_hashes(images_dir / name)
-        hint = f" (built images of older recipe versions: {', '.join(older)})" if older else ""
-        raise ImageNotFound(
-            f"image {name!r} is not built for its current recipe (hash {digest[:12]}) under "
-            f"{images_dir}{hint}; run `deskvm image build {name}`"
-        )
-    return image
-
-
 def build_image(
     name: str,
     images_dir: Path,
@@ -279,20 +108,22 @@ def build_image(
 ) -> BootImage:
     """Build a recipe into ``<images_dir>/<name>/<content_hash>/`` (no-op if already built).
 
-    Needs root (mmdebstrap ``--mode=root``), mmdebstrap, e2fsprogs >= 1.43 (``mkfs.ext4 -d``)
-    and qemu-utils. Downloaded packages are cached in ``<images_dir>/.cache/<suite>/`` for
-    the next build. Builds of the same image name are serialized with a lock file.
-    Everything written is readable by the ``libvirt-qemu`` user (dirs 0755, files 0644).
+    The recipe is loaded and validated before anything else happens. Needs root
+    (mmdebstrap ``--mode=root``), mmdebstrap, e2fsprogs >= 1.43 (``mkfs.ext4 -d``) and
+    qemu-utils. Builds of the same image name are serialized with a lock file. Everything
+    written is readable by the ``libvirt-qemu`` user (dirs 0755, files 0644). The image
+    is not verified: ``deskvm image verify`` boots it (``deskvm image build`` does so by
+    default).
 
     Args:
-        name: recipe name, e.g. ``"debian12-desktop"``.
+        name: recipe name (``"debian12-desktop"``) or path of a recipe file (``*.toml``).
         images_dir: root of built images; created (0755) if missing.
         progress: called as ``progress(phase, fraction)`` with phase one of ``"bootstrap"``,
             ``"customize"``, ``"filesystem"``, ``"qcow2"``, ``"done"`` and ``fraction`` the
             overall completion in 0..1 (never decreasing).
         force: rebuild even if a complete image of the current hash exists (it is replaced
-            only once the new one is complete).
-        recipes_dir: directory holding recipe directories (default :data:`RECIPES_DIR`).
+            only once the new one is complete; its verification goes with it).
+        recipes_dir: directory holding shipped recipes (default ``vm_images/recipes``).
         apt_sources: the host's deb822 apt sources to take deb.debian.org entries from.
 
     Returns:
@@ -300,30 +131,32 @@ def build_image(
 
     Raises:
         ImageNotFound: no recipe of that name.
+        RecipeError: the recipe is invalid.
         HostSetupError: not root, or a build tool is missing.
-        ImageBuildError: the recipe is invalid or a build step failed; nothing is left
-            behind. The message ends with the failing tool's output tail.
+        ImageBuildError: a build step failed; nothing is left behind. The message ends
+            with the failing tool's output tail.
     """
     report = _Progress(progress)
     recipe = load_recipe(name, recipes_dir=recipes_dir)
-    digest = _hash_tree(recipe.path)
-    name_dir = images_dir / name
+    generated = generated_files(recipe)
+    digest = recipe_hash(recipe)
+    name_dir = images_dir / recipe.name
     final_dir = name_dir / digest
-    if not force and (image := _complete_image(recipe, digest, final_dir)) is not None:
+    if not force and (meta := read_meta(final_dir)) is not None:
         report("done", 1.0)
-        return image
+        return boot_image(final_dir, meta)
     _check_host()
-    _make_dirs(name_dir)
-    with _locked(name_dir / ".lock"):
-        if not force and (image := _complete_image(recipe, digest, final_dir)) is not None:
+    make_dirs(name_dir)
+    with locked(name_dir / ".lock"):
+        if not force and (meta := read_meta(final_dir)) is not None:
             report("done", 1.0)
-            return image
+            return boot_image(final_dir, meta)
         for stale in name_dir.glob(".build-*"):  # left by a killed build (we hold the lock)
             _remove_build_dir(stale)
         build_dir = name_dir / f".build-{digest[:12]}-{os.getpid()}"
         build_dir.mkdir(mode=0o755)
         try:
-            _build(recipe, digest, build_dir, images_dir, apt_sources, report)
+            _build(recipe, digest, generated, build_dir, images_dir, apt_sources, report)
             if final_dir.exists():  # force: replace the old image only now
                 trash = name_dir / f".build-old-{digest[:12]}-{os.getpid()}"
                 final_dir.rename(trash)
@@ -332,31 +165,136 @@ def build_image(
         except BaseException:
             _remove_build_dir(build_dir)
             raise
-    image = _complete_image(recipe, digest, final_dir)
-    if image is None:  # pragma: no cover - we just wrote it
-        raise ImageBuildError(f"image {name!r} incomplete after build in {final_dir}")
+    meta = read_meta(final_dir)
+    if meta is None:  # pragma: no cover - we just wrote it
+        raise ImageBuildError(f"image {recipe.name!r} incomplete after build in {final_dir}")
     report("done", 1.0)
-    return image
+    return boot_image(final_dir, meta)
 
 
-# --- the build ------------------------------------------------------------------------
+# --- what the recipe generates in the guest -------------------------------------------------
+
+
+def generated_files(recipe: Recipe) -> dict[str, str]:
+    """Guest files the builder writes from the recipe's data: relative path -> text.
+
+    Raises:
+        RecipeError: a file set or tree of the recipe provides one of these paths.
+    """
+    m = recipe.model
+    r, g, b = m.desktop.background_rgb
+    layout = m.desktop.keyboard_layout
+    conf = {
+        "DESKVM_IMAGE": recipe.name,
+        "DESKVM_DISPLAY_DEFAULT": f"{m.desktop.width_px}x{m.desktop.height_px}",
+        "DESKVM_BACKGROUND": f"#{r:02X}{g:02X}{b:02X}",
+        "DESKVM_KEYBOARD_LAYOUT": layout,
+    }
+    host = m.boot.hostname
+    files = {
+        "etc/deskvm/image.conf": "# deskvm: written by the image builder from the recipe.\n"
+        + "".join(f"{k}={shlex.quote(v)}\n" for k, v in conf.items()),
+        "etc/deskvm/autostart": "".join(f"{command}\n" for command in m.desktop.autostart),
+        "etc/X11/xorg.conf.d/00-deskvm-keyboard.conf": (
+            "# deskvm: the recipe's keyboard layout (desktop.keyboard_layout).\n"
+            'Section "InputClass"\n'
+            '    Identifier "deskvm-keyboard"\n'
+            '    MatchIsKeyboard "on"\n'
+            '    Option "XkbModel" "pc105"\n'
+            f'    Option "XkbLayout" "{layout}"\n'
+            "EndSection\n"
+        ),
+        "etc/default/keyboard": (
+            f'XKBMODEL="pc105"\nXKBLAYOUT="{layout}"\nXKBVARIANT=""\nXKBOPTIONS=""\n'
+            'BACKSPACE="guess"\n'
+        ),
+        "etc/hostname": f"{host}\n",
+        "etc/hosts": f"127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n::1\t\tlocalhost ip6-localhost "
+        "ip6-loopback\n",
+        # Whole-disk ext4 on virtio-blk; the base is fresh for every session, so no fsck.
+        "etc/fstab": "/dev/vda / ext4 rw,noatime,errors=remount-ro 0 0\n",
+    }
+    for label, root in recipe.trees():
+        for rel in files:
+            if (root / rel).exists():
+                raise RecipeError(
+                    f"recipe {recipe.name!r}: files: {label} provides /{rel}, which the "
+                    "builder generates from the recipe"
+                )
+    return files
+
+
+def finalize_script(recipe: Recipe) -> str:
+    """The shell script run (``/bin/sh -eu``) in the new root after the files are in."""
+    m = recipe.model
+    q = shlex.quote
+    lines = [
+        "# deskvm: generated by vm_images.builder from the recipe; runs in the new root.",
+        "set -eu",
+    ]
+    for user in m.users:
+        lines.append(
+            f"useradd --create-home --uid {user.uid} --user-group --shell {q(user.shell)} "
+            f"--comment {q(user.comment)} {q(user.name)}"
+        )
+        lines.append(f"passwd --lock {q(user.name)} >/dev/null")
+        if user.groups:
+            lines.append(f"usermod --append --groups {q(','.join(user.groups))} {q(user.name)}")
+    lines += [
+        # A fixed machine id: no "first boot" (which would re-run presets) in any session.
+        "od -An -N16 -tx1 /dev/urandom | tr -d ' \\n' >/etc/machine-id",
+        "echo >>/etc/machine-id",
+        f"systemctl set-default {q(m.services.default_target)}",
+    ]
+    if m.services.enable:
+        lines.append("systemctl enable " + " ".join(map(q, m.services.enable)))
+    if m.services.disable:
+        units = " ".join(map(q, m.services.disable))
+        lines.append(f"systemctl disable {units} 2>/dev/null || true")
+    if m.services.mask:
+        lines.append("systemctl mask " + " ".join(map(q, m.services.mask)) + " >/dev/null")
+    lines += [
+        # Caches the first boot would otherwise build.
+        "systemd-hwdb update",
+        "ldconfig",
+        "if command -v fc-cache >/dev/null; then fc-cache -s >/dev/null 2>&1 || true; fi",
+        "touch /etc/.updated /var/.updated",
+        # The initrd must carry virtio-blk and ext4 (root=/dev/vda, no partition table).
+        "kver=$(ls /lib/modules | sort -V | tail -n 1)",
+        "for module in virtio_blk ext4; do",
+        '    if ! grep -q "/$module.ko" "/lib/modules/$kver/modules.builtin" &&',
+        '        ! lsinitramfs "/boot/initrd.img-$kver" | grep -q "/$module.ko"; then',
+        '        echo "deskvm finalize: $module missing from the initrd" >&2',
+        "        exit 1",
+        "    fi",
+        "done",
+    ]
+    for index, command in enumerate(m.customize.commands):
+        lines.append(f"echo 'deskvm finalize: customize.commands[{index}]'")
+        lines.append(f"/bin/sh -eu -c {q(command)}")
+    return "\n".join(lines) + "\n"
+
+
+# --- the build ------------------------------------------------------------------------------
 
 
 def _build(
     recipe: Recipe,
     digest: str,
+    generated: dict[str, str],
     build_dir: Path,
     images_dir: Path,
     apt_sources: Path,
     report: _Progress,
 ) -> None:
     started_s = time.monotonic()
-    stage = build_dir / "recipe"
-    _stage_recipe(recipe.path, stage)
+    stage = build_dir / "stage"
+    _stage_files(recipe, generated, stage / "rootfs")
+    (stage / "finalize.sh").write_text(finalize_script(recipe), encoding="utf-8")
     sources = build_dir / "apt.sources"
     sources.write_text(_guest_apt_sources(apt_sources, recipe), encoding="utf-8")
     cache = images_dir / ".cache" / recipe.suite
-    _make_dirs(cache)
+    make_dirs(cache)
     rootfs = build_dir / "rootfs"
 
     report("bootstrap", 0.0)
@@ -390,22 +328,33 @@ def _build(
     report("qcow2", _FILESYSTEM_END)
 
     base = build_dir / "base.qcow2"
-    _run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(base)])
+    compression = recipe.model.boot.qcow2_compression
+    convert = ["qemu-img", "convert", "-f", "raw", "-O", "qcow2"]
+    if compression != "none":
+        # Compressed clusters; zstd decompresses fast enough not to show in boot time.
+        convert += ["-c", "-o", f"compression_type={compression}", "-m", "4", "-W"]
+    _run([*convert, str(raw), str(base)])
     raw.unlink()
     shutil.rmtree(stage)
     sources.unlink()
     report("qcow2", _QCOW2_END)
 
+    m = recipe.model
     meta: dict[str, Any] = {
         "name": recipe.name,
         "content_hash": digest,
+        "source": "recipe",
         "builder_format_version": BUILDER_FORMAT_VERSION,
         "description": recipe.description,
+        "boot": "direct",
         "kernel_cmdline": recipe.kernel_cmdline,
         "background_rgb": list(recipe.background_rgb),
         "helper_port": recipe.helper_port,
+        "keyboard_layout": recipe.keyboard_layout,
+        "display_default": [m.desktop.width_px, m.desktop.height_px],
+        "ready": m.ready.model_dump(mode="json"),
         "kernel_version": kernel.name.removeprefix("vmlinuz-"),
-        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "built_at": now_iso(),
         "build_duration_s": round(time.monotonic() - started_s, 1),
         "sizes": {
             "rootfs_content_bytes": content_bytes,
@@ -414,6 +363,8 @@ def _build(
             "vmlinuz_bytes": (build_dir / "vmlinuz").stat().st_size,
             "initrd_bytes": (build_dir / "initrd.img").stat().st_size,
         },
+        "packages_installed": len(packages.splitlines()),
+        "recipe": m.model_dump(mode="json"),
     }
     for path in build_dir.iterdir():
         path.chmod(0o644)
@@ -424,39 +375,66 @@ def _build(
     meta_tmp.rename(build_dir / "image.json")
 
 
+def _stage_files(recipe: Recipe, generated: dict[str, str], target: Path) -> None:
+    """Merge the recipe's trees and generated files into ``target``, modes normalized
+    (dirs 0755, files 0644, or 0755 when executable in the source)."""
+    for _label, root in recipe.trees():
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for filename in filenames:
+                if filename == ".DS_Store":
+                    continue
+                source = Path(dirpath) / filename
+                dest = target / source.relative_to(root)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, dest)
+                dest.chmod(0o755 if os.stat(source).st_mode & 0o111 else 0o644)
+    for rel, text in generated.items():
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
+        dest.chmod(0o644)
+    for dirpath, _dirnames, _filenames in os.walk(target):
+        os.chmod(dirpath, 0o755)
+
+
 def _mmdebstrap_command(
     recipe: Recipe, stage: Path, sources: Path, cache: Path, rootfs: Path
 ) -> list[str]:
     overlay = stage / "rootfs"
+    m = recipe.model
+    recommends = "true" if m.packages.recommends else "false"
     cmd = [
         "mmdebstrap",
         "--verbose",
         "--mode=root",
         "--format=directory",
         f"--variant={recipe.variant}",
-        "--architectures=amd64",
-        '--aptopt=APT::Install-Recommends "false"',
+        f"--architectures={m.base.architecture}",
+        f'--aptopt=APT::Install-Recommends "{recommends}"',
         '--aptopt=APT::Install-Suggests "false"',
+        "--dpkgopt=force-unsafe-io",
         "--skip=essential/unlink",
-        *(f"--dpkgopt=path-exclude={glob}" for glob in recipe.dpkg_path_exclude),
-        *(f"--dpkgopt=path-include={glob}" for glob in recipe.dpkg_path_include),
+        *(f"--dpkgopt=path-exclude={glob}" for glob in m.strip.path_exclude),
+        *(f"--dpkgopt=path-include={glob}" for glob in m.strip.path_include),
         f'--setup-hook=mkdir -p "$1/var/cache/apt/archives" && find {_q(cache)} -maxdepth 1 '
         f"-name '*.deb' -exec cp -t \"$1/var/cache/apt/archives/\" {{}} +",
     ]
-    for preseed in recipe.preseed_paths:
+    if EATMYDATA_HOOKS.is_dir() and shutil.which("eatmydata") is not None:
+        cmd.append(f"--hook-dir={EATMYDATA_HOOKS}")
+    for preseed in m.files.preseed:
         cmd += [
             f'--setup-hook=mkdir -p "$1/{preseed}"',
             f"--setup-hook=sync-in {_q(overlay / preseed)} /{preseed}",
         ]
-    if recipe.packages:
-        cmd.append("--include=" + ",".join(recipe.packages))
+    cmd.append("--include=" + ",".join(recipe.packages))
     cmd += [
         f"--customize-hook=find \"$1/var/cache/apt/archives\" -maxdepth 1 -name '*.deb' "
         f"-exec cp -n -t {_q(cache)} {{}} +",
         f"--customize-hook=sync-in {_q(overlay)} /",
-        f"--customize-hook=copy-in {_q(stage / 'customize.sh')} /tmp",
-        '--customize-hook=chroot "$1" /bin/sh -eu /tmp/customize.sh',
-        '--customize-hook=rm -f "$1/tmp/customize.sh"',
+        f"--customize-hook=copy-in {_q(stage / 'finalize.sh')} /tmp",
+        '--customize-hook=chroot "$1" /bin/sh -eu /tmp/finalize.sh',
+        '--customize-hook=rm -f "$1/tmp/finalize.sh"',
         recipe.suite,
         str(rootfs),
         str(sources),
@@ -545,74 +523,6 @@ class _Progress:
             self._callback(phase, self._fraction)
 
 
-def _recipe_dir(name: str, recipes_dir: Path | None) -> Path:
-    root = recipes_dir if recipes_dir is not None else RECIPES_DIR
-    path = root / name
-    if not _NAME_RE.match(name) or not (path / "recipe.toml").is_file():
-        available = ", ".join(list_recipes(recipes_dir=root)) or "none"
-        raise ImageNotFound(f"no image recipe named {name!r} (available: {available})")
-    return path
-
-
-def _recipe_files(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIPPED_NAMES)
-        for filename in filenames:
-            if filename not in _SKIPPED_NAMES:
-                yield Path(dirpath) / filename
-
-
-def _hash_tree(root: Path) -> str:
-    digest = hashlib.sha256(f"deskvm-image-format {BUILDER_FORMAT_VERSION}\n".encode())
-    entries = sorted((p.relative_to(root).as_posix(), p) for p in _recipe_files(root))
-    for rel, path in entries:
-        data = path.read_bytes()
-        executable = "x" if os.stat(path).st_mode & 0o111 else "-"
-        digest.update(f"{rel}\0{executable}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
-
-
-def _stage_recipe(source: Path, stage: Path) -> None:
-    """Copy the recipe with normalized modes (dirs 0755, files 0644 or 0755, owner root)."""
-    for path in _recipe_files(source):
-        target = stage / path.relative_to(source)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-        target.chmod(0o755 if os.stat(path).st_mode & 0o111 else 0o644)
-    for dirpath, _dirnames, _filenames in os.walk(stage):
-        os.chmod(dirpath, 0o755)
-
-
-def _complete_image(recipe: Recipe, digest: str, image_dir: Path) -> BootImage | None:
-    if not all((image_dir / f).is_file() for f in _IMAGE_FILES):
-        return None
-    try:
-        meta = json.loads((image_dir / "image.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("content_hash") != digest:
-        return None
-    return BootImage(
-        name=recipe.name,
-        content_hash=digest,
-        base_path=image_dir / "base.qcow2",
-        kernel_path=image_dir / "vmlinuz",
-        initrd_path=image_dir / "initrd.img",
-        kernel_cmdline=str(meta.get("kernel_cmdline", recipe.kernel_cmdline)),
-        background_rgb=recipe.background_rgb,
-        helper_port=recipe.helper_port,
-    )
-
-
-def _built_hashes(name_dir: Path) -> list[str]:
-    if not name_dir.is_dir():
-        return []
-    return sorted(
-        p.name[:12] for p in name_dir.iterdir() if p.is_dir() and (p / "image.json").is_file()
-    )
-
-
 def _check_host() -> None:
     if os.geteuid() != 0:
         raise HostSetupError("building images needs root (mmdebstrap --mode=root)")
@@ -622,24 +532,6 @@ def _check_host() -> None:
             f"missing image build tools: {', '.join(missing)} "
             "(apt-get install mmdebstrap e2fsprogs qemu-utils)"
         )
-
-
-def _make_dirs(path: Path) -> None:
-    """Create ``path`` and missing parents, each new one 0755 (libvirt-qemu must traverse)."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for p in reversed(missing):
-        p.mkdir(exist_ok=True)
-        p.chmod(0o755)
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with lock_path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _run(cmd: list[str], on_line: Callable[[str], None] | None = None) -> str:
@@ -748,7 +640,3 @@ def _q(path: Path) -> str:
     return "'" + str(path).replace("'", "'\\''") + "'"
 
 
-def _str_tuple(value: object) -> tuple[str, ...]:
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"expected a list of strings, got {value!r}")
-    return tuple(value)

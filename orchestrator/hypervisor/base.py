@@ -30,6 +30,7 @@ class SessionPaths:
         console_log: the guest's first serial port (kernel and systemd messages).
         guest_log: the guest's second serial port (``/dev/ttyS1``), written by the desktop.
         helper_socket: host end of the guest helper's virtio-serial channel (QEMU listens).
+        nvram: UEFI variables of an image that boots with UEFI firmware.
     """
 
     root: Path
@@ -49,6 +50,11 @@ class SessionPaths:
     @property
     def guest_log(self) -> Path:
         return self.root / "guest.log"
+
+    @property
+    def nvram(self) -> Path:
+        """UEFI variable store of a ``uefi`` image's domain (copied from the firmware's)."""
+        return self.root / "nvram.fd"
 
     @property
     def helper_socket(self) -> Path:

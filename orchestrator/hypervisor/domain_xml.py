@@ -97,7 +97,9 @@ def render_domain_xml(
 
     The domain has: the overlay as its only disk (virtio), direct kernel boot with
     ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME`` when the spec asks for one)
-    appended to the image's command line, a virtio tablet (absolute pointer), a PS/2
+    appended to the image's command line (images that boot themselves, ``boot`` ``bios`` or
+    ``uefi``, get these options as SMBIOS OEM strings; UEFI without secure boot, the
+    variable store in ``paths.nvram``), a virtio tablet (absolute pointer), a PS/2
     keyboard, a stdvga card whose EDID prefers the requested size, two file-backed serial
     ports (console, guest log), a virtio-serial channel named ``spec.image.helper_port``
     on the unix socket ``paths.helper_socket`` when the image has a guest helper, no
@@ -147,18 +149,35 @@ def render_domain_xml(
         cputune = _sub(dom, "cputune")
         _sub(cputune, "global_period", str(CPU_PERIOD_US))
         _sub(cputune, "global_quota", str(cpu_quota_us(spec)))
-    os_el = _sub(dom, "os")
-    _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
-    _sub(os_el, "kernel", str(spec.image.kernel_path))
-    _sub(os_el, "initrd", str(spec.image.initrd_path))
-    cmdline = f"{spec.image.kernel_cmdline} deskvm.display={display.width_px}x{display.height_px}"
+    options = [f"deskvm.display={display.width_px}x{display.height_px}"]
     if spec.autostart is not None:
-        cmdline += f" deskvm.autostart={spec.autostart}"
+        options.append(f"deskvm.autostart={spec.autostart}")
     if nic is not None:
         # With a NIC, ask systemd (systemd-debug-generator) for DHCP and a resolver: the
         # image keeps both disabled so that sessions without network pay nothing for them.
-        cmdline += f" {NETWORK_CMDLINE}"
-    _sub(os_el, "cmdline", cmdline)
+        options.append(NETWORK_CMDLINE)
+    if spec.image.boot == "direct":
+        os_el = _sub(dom, "os")
+        _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
+        _sub(os_el, "kernel", str(spec.image.kernel_path))
+        _sub(os_el, "initrd", str(spec.image.initrd_path))
+        _sub(os_el, "cmdline", " ".join([spec.image.kernel_cmdline, *options]))
+    else:
+        # The image boots itself (BIOS or UEFI firmware, its own boot loader): the deskvm.*
+        # options reach the guest as SMBIOS type 11 OEM strings, one option per string
+        # (the guest session reads /sys/firmware/dmi/entries/11-*/raw).
+        sysinfo = _sub(dom, "sysinfo", type="smbios")
+        oem = _sub(sysinfo, "oemStrings")
+        for option in " ".join(options).split():
+            _sub(oem, "entry", option)
+        os_el = _sub(dom, "os", firmware="efi") if spec.image.boot == "uefi" else _sub(dom, "os")
+        _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
+        if spec.image.boot == "uefi":
+            firmware = _sub(os_el, "firmware")
+            _sub(firmware, "feature", enabled="no", name="secure-boot")
+            _sub(os_el, "nvram", str(paths.nvram))
+        _sub(os_el, "boot", dev="hd")
+        _sub(os_el, "smbios", mode="sysinfo")
     features = _sub(dom, "features")
     _sub(features, "acpi")
     if accel == "tcg":
