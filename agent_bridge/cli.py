@@ -230,6 +230,7 @@ def verify_image_with_progress(
     width_px: int | None = None,
     height_px: int | None = None,
     boot_timeout_s: float | None = None,
+    content_hash: str | None = None,
 ) -> Any:
     """Boot image ``name`` to a ready frame (spinner + elapsed time) and mark it verified."""
     from rich.progress import SpinnerColumn
@@ -237,7 +238,9 @@ def verify_image_with_progress(
     from agent_bridge.runtime import verify_image
     from vm_images import find_image
 
-    image = find_image(name, settings.images_dir, require_verified=False)  # fail early
+    image = find_image(
+        name, settings.images_dir, require_verified=False, content_hash=content_hash
+    )  # fail early
     with Progress(
         SpinnerColumn(),
         TextColumn("[bold]verify[/] {task.fields[name]} {task.fields[hash]}"),
@@ -255,6 +258,7 @@ def verify_image_with_progress(
             width_px=width_px,
             height_px=height_px,
             boot_timeout_s=boot_timeout_s,
+            content_hash=content_hash,
             on_started=lambda sid: progress.update(
                 task, phase=f"booting session {sid} until its ready frame"
             ),
@@ -340,6 +344,12 @@ def image_verify(
         float | None,
         typer.Option("--timeout-s", help="Seconds to wait for the ready frame."),
     ] = None,
+    content_hash: Annotated[
+        str | None,
+        typer.Option(
+            "--hash", help="Verify the stored version whose hash starts with this (>= 6 hex)."
+        ),
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Boot an image once until its ready frame; only then may sessions use it.
@@ -351,7 +361,7 @@ def image_verify(
     settings = _settings(state_dir)
     verify_image_with_progress(
         name or settings.default_image, settings, width_px=width, height_px=height,
-        boot_timeout_s=timeout_s,
+        boot_timeout_s=timeout_s, content_hash=content_hash,
     )  # fmt: skip
 
 
@@ -515,6 +525,33 @@ def image_import(
         verify_image_with_progress(name, settings)
     else:
         console.print(f"not verified yet: run `deskvm image verify {name}`")
+
+
+@image_app.command("files")
+@_errors
+def image_files(
+    name: Annotated[str, typer.Argument(help="Recipe name or path of a recipe file.")],
+    target: Annotated[Path, typer.Argument(help="Directory to write (must be empty).")],
+    installed_system: Annotated[
+        bool,
+        typer.Option(
+            help="For a system an installer made (Packer): leave out fstab, hostname, hosts "
+            "and the direct-boot initramfs configuration."
+        ),
+    ] = False,
+) -> None:
+    """Write a recipe's guest files for other image tools (the Packer templates use it).
+
+    DIR/rootfs (file sets + generated files), DIR/packages.txt, DIR/finalize.sh and
+    DIR/deskvm-image.json (import metadata without "boot").
+    """
+    from vm_images.guest_files import write_guest_files
+
+    try:
+        out_dir = write_guest_files(name, target, installed_system=installed_system)
+    except FileExistsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console.print(f"guest files of {name} in {out_dir}")
 
 
 @app.command()

@@ -215,6 +215,7 @@ def verify_image(
     height_px: int | None = None,
     boot_timeout_s: float | None = None,
     on_started: Callable[[str], None] | None = None,
+    content_hash: str | None = None,
 ) -> VerifyOutcome:
     """Boot image ``name`` once, wait for its ready frame, and record it as verified.
 
@@ -231,6 +232,7 @@ def verify_image(
         boot_timeout_s: deadline for the ready frame (default: the image's
             ``ready.boot_timeout_s``, at least ``settings.boot_timeout_s``).
         on_started: called with the session id once the domain is defined.
+        content_hash: verify this stored version (hash prefix) instead of the current one.
 
     Raises:
         ImageNotFound: no such image.
@@ -243,7 +245,9 @@ def verify_image(
     from agent_bridge.protocol.results import ImageResult
     from vm_images import VerifyRecord, find_image, mark_verified
 
-    image = find_image(name, settings.images_dir, require_verified=False)
+    image = find_image(
+        name, settings.images_dir, require_verified=False, content_hash=content_hash
+    )
     try:
         meta = json.loads((image.base_path.parent / "image.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

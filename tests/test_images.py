@@ -629,3 +629,19 @@ def test_import_metadata_validation(tmp_path: Path) -> None:
     path.write_text(json.dumps({"boot": "bios", "colour": 1}))
     with pytest.raises(RecipeError, match="colour: unknown field"):
         load_metadata(path)
+
+
+# --- guest files for other tools (Packer) -----------------------------------------------------
+
+
+def test_find_a_stored_version_by_hash(recipes: Path, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    old = _fake_build(recipes, images, verified=False)
+    _edit(recipes, DEFAULT_IMAGE, '"less",', '"less", "nano",')
+    image = find_image(
+        DEFAULT_IMAGE, images, recipes_dir=recipes, require_verified=False,
+        content_hash=old.name[:8],
+    )  # fmt: skip
+    assert image.content_hash == old.name
+    with pytest.raises(ImageNotFound, match="0 stored versions matching hash 'abc'"):
+        find_image(DEFAULT_IMAGE, images, recipes_dir=recipes, content_hash="abc")

@@ -274,11 +274,14 @@ def find_image(
     *,
     require_verified: bool = True,
     recipes_dir: Path | None = None,
+    content_hash: str | None = None,
 ) -> BootImage:
     """The image sessions of ``name`` boot.
 
     For a shipped recipe: the image of its current content hash. For any other name
-    (imported, or built from a recipe file): the newest complete image of that name.
+    (imported, or built from a recipe file): the newest complete image of that name. With
+    ``content_hash`` (a prefix of at least 6 hex digits): that stored version, whatever the
+    recipe says now.
 
     Args:
         name: image name, e.g. ``"debian12-desktop"``.
@@ -296,17 +299,28 @@ def find_image(
     if not NAME_RE.match(name):
         raise ImageNotFound(f"no image recipe named {name!r} (names match {NAME_RE.pattern})")
     name_dir = images_dir / name
-    current = _current_hash(name, recipes_dir)
-    if current is not None:
-        meta = read_meta(name_dir / current)
-        if meta is None:
+    current = _current_hash(name, recipes_dir) if content_hash is None else None
+    if content_hash is not None:
+        matches = [
+            (p, m) for p, m in _complete_dirs(name_dir)
+            if len(content_hash) >= 6 and p.name.startswith(content_hash)
+        ]  # fmt: skip
+        if len(matches) != 1:
+            raise ImageNotFound(
+                f"image {name!r} has {len(matches)} stored versions matching hash "
+                f"{content_hash!r} (give at least 6 hex digits; see `deskvm image ls --all`)"
+            )
+        image_dir, meta = matches[0]
+    elif current is not None:
+        found = read_meta(name_dir / current)
+        if found is None:
             older = [p.name[:12] for p, _m in _complete_dirs(name_dir)]
             hint = f" (built images of older recipe versions: {', '.join(older)})" if older else ""
             raise ImageNotFound(
                 f"image {name!r} is not built for its current recipe (hash {current[:12]}) "
                 f"under {images_dir}{hint}; run `deskvm image build {name}`"
             )
-        image_dir = name_dir / current
+        image_dir, meta = name_dir / current, found
     else:
         complete = _complete_dirs(name_dir)
         if not complete:
