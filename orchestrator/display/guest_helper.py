@@ -3,7 +3,7 @@
 Some input has no path through QEMU's ``input-send-event``: characters with no key on the
 guest's US layout (``Ñandú``, ``美国降息新闻``) and, before QEMU 8.1, the horizontal wheel
 (``InputButton`` has no ``wheel-left``/``wheel-right``). Images that carry the guest helper
-(``vm_images/recipes/*/rootfs/usr/local/bin/deskvm-helper``, recipe key ``helper_port``)
+(``vm_images/guest/base/usr/local/bin/deskvm-helper``, recipe key ``boot.helper_port``)
 get a libvirt ``<channel type='unix'>`` whose guest end is
 ``/dev/virtio-ports/<helper_port>``; the helper injects those events through the guest X
 server's XTEST extension. The channel is a serial port between QEMU and this process: the

@@ -2,7 +2,7 @@
 
 One probe VM (``autostart="input-probe"``) is shared by every case of this module. The probe
 writes each pointer, wheel, key and text-field event as a JSON line to the guest log (see
-``vm_images/recipes/debian12-desktop/rootfs/usr/local/bin/deskvm-input-probe``); each case
+``vm_images/guest/base/usr/local/bin/deskvm-input-probe``); each case
 acts over the bridge, then reads the lines that arrived after it started.
 
 After every case the probe's modifier state is checked on a neutral key press: no modifier,
