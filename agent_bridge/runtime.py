@@ -24,6 +24,7 @@ from orchestrator.settings import Settings
 from orchestrator.spec import BootImage, DisplaySpec, new_session_id
 
 __all__ = [
+    "EGRESS_RUN_DIR",
     "BackgroundServer",
     "build_egress",
     "build_manager",
@@ -32,6 +33,10 @@ __all__ = [
     "resolve_accel",
     "verify_image",
 ]
+
+EGRESS_RUN_DIR = Path("/run/deskvm/egress")
+"""Parent of every installation's egress state directory (tmpfs: gone at reboot, like the
+bridges and tables it describes)."""
 
 
 def resolve_accel(settings: Settings) -> Accel:
@@ -76,9 +81,11 @@ def ensure_token(settings: Settings) -> str:
 def build_egress(settings: Settings) -> Egress | None:
     """The real egress (``NftEgress``) when an upstream is configured, else ``None``.
 
-    Its per-session files live in the host-wide ``/run/deskvm/egress`` (so subnets and
-    NFLOG groups never collide between installations); each session is owned by
-    ``settings.sessions_dir``, the same owner label the hypervisor uses.
+    The installation is ``settings.sessions_dir``: its per-session files live in
+    ``/run/deskvm/egress/<tag>`` and its nft tables are named ``deskvm_<tag>`` (``tag``:
+    :func:`orchestrator.egress.plan.installation_tag` of the sessions directory), so two
+    installations on one host never touch each other's. What every installation shares
+    (subnet slots, IP forwarding) is in the host-wide ``/run/deskvm/net``.
 
     Raises:
         ConfigError: the upstream settings are malformed.
@@ -86,12 +93,15 @@ def build_egress(settings: Settings) -> Egress | None:
     if not settings.egress_upstream_iface:
         return None
     from orchestrator.egress.nftables import NftEgress
+    from orchestrator.egress.plan import installation_tag
 
+    owner = str(settings.sessions_dir)
     egress_settings = EgressSettings(
         upstream_iface=settings.egress_upstream_iface,
         upstream_dns=settings.egress_upstream_dns,
+        state_dir=EGRESS_RUN_DIR / installation_tag(owner),
     )
-    return NftEgress(egress_settings, owner=str(settings.sessions_dir))
+    return NftEgress(egress_settings, owner=owner)
 
 
 def build_manager(

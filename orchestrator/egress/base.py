@@ -67,8 +67,12 @@ class EgressSettings:
             reached through ``upstream_iface`` (``--egress-upstream-dns IP[,IP]``).
         masquerade: source-NAT session traffic to the upstream interface's address.
         subnet_pool: IPv4 pool carved into one /30 per session (gateway ``.1``, guest ``.2``).
-        state_dir: per-session files (dnsmasq/ulogd pid, lease, log, config) live in
-            ``state_dir/<session_id>/``; slots in ``state_dir/slots/``.
+        state_dir: this installation's directory: per-session files (dnsmasq/ulogd pid,
+            lease, log, config) live in ``state_dir/<session_id>/``. Its path also names the
+            installation's nft tables when no owner is given (see ``NftEgress``).
+        host_dir: the host-wide directory every installation on the host shares (slots,
+            the saved IP forwarding value, the lock; see :mod:`orchestrator.egress.host`).
+            Keep the default: installations with different ``host_dir`` could collide.
         nflog_group_base: NFLOG group of slot 0; slot ``n`` logs to ``base + n``.
         drop_log_rate_per_s: drops logged per second per rule (bursts twice that); the
             drop itself is never rate limited.
@@ -82,6 +86,7 @@ class EgressSettings:
     masquerade: bool = True
     subnet_pool: str = "10.213.0.0/16"
     state_dir: Path = Path("/run/deskvm/egress")
+    host_dir: Path = Path("/run/deskvm/net")
     nflog_group_base: int = 32768
     drop_log_rate_per_s: int = 100
     dnsmasq_path: str = "/usr/sbin/dnsmasq"

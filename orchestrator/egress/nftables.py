@@ -2,24 +2,31 @@
 
 Per session (all labelled with the session id):
     * bridge ``dvm<id>`` holding the gateway address ``.1`` of the session's /30,
-      IPv6 disabled on it;
-    * nft objects in the shared ``inet deskvm`` table (created with the first session,
-      forward hook policy drop) and a ``bridge deskvm_<id>`` table (see :mod:`.plan`);
+      IPv6 disabled on it, its alias ``deskvm:<tag>:<id>`` naming the installation;
+    * nft objects in the installation's ``inet deskvm_<tag>`` table (created with its
+      first session) and a ``bridge deskvm_<tag>_<id>`` table (see :mod:`.plan`), and the
+      bridge's entry in the host-wide guard table ``inet deskvm_guard``;
     * ``dnsmasq`` (Debian ``dnsmasq-base``): DHCP for the guest MAC and the allowlisting
       resolver that fills the session's nft sets (``--nftset``);
     * ``ulogd`` (Debian ``ulogd2`` + ``ulogd2-json``) reading the session's NFLOG group and
       writing JSON lines: a maintained NFLOG consumer instead of hand-written netlink code.
 
-Files live in ``settings.state_dir/<id>/``. ``net.ipv4.ip_forward`` is switched on only
-after the forward chain with policy drop exists, and restored to its earlier value (before
-that chain is removed) when the last session detaches. A file lock serialises attach,
-detach and reap across processes sharing the state dir.
+Installations. ``<tag>`` is the installation's tag (:func:`.plan.installation_tag` of its
+owner, else of its state directory): every installation on the host has its own tables,
+state directory and processes, and reaps only its own. What they must share (the /30
+slots, which also make session ids and so interface names unique on the host, and the IP
+forwarding switch) is kept in :class:`.host.HostRegistry`. ``net.ipv4.ip_forward`` is
+switched on only after the guard's forward chain (policy drop) exists, and restored to the
+value found before the first session when the last session of the *host* detaches, before
+the guard is removed. The host registry's lock serialises attach, detach and reap of every
+installation.
+
+Files live in ``settings.state_dir/<id>/``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import json
 import os
@@ -41,15 +48,23 @@ from orchestrator.egress.base import (
     bridge_name,
     guest_port_name,
 )
+from orchestrator.egress.host import HostRegistry
 from orchestrator.egress.logs import DnsLogParser, parse_ulogd_line
 from orchestrator.egress.plan import (
     BASE_TABLE,
+    GUARD_TABLE,
     SessionPlan,
     dnsmasq_argv,
     guest_mac,
+    installation_table,
+    installation_tag,
     render_base_ruleset,
+    render_guard_join,
+    render_guard_leave,
+    render_guard_ruleset,
     render_session_ruleset,
     render_session_teardown,
+    session_bridge_table,
     slot_addresses,
     ulogd_config,
 )
@@ -60,7 +75,6 @@ __all__ = ["NftEgress"]
 
 _SID = r"[a-z0-9]{12}"
 _LABELLED_RE = re.compile(rf"^(?:fwd|back|in|post|nat|out_up|out_other|d4|d6)_({_SID})(?:_\w+)?$")
-_FORWARD_SYSCTL = Path("/proc/sys/net/ipv4/ip_forward")
 
 
 @dataclass
@@ -75,15 +89,21 @@ class NftEgress:
     """Egress enforced on this host (needs root, ``nft``, ``ip``, dnsmasq, ulogd).
 
     Args:
-        settings: upstream interface, DNS servers, pool, state dir.
-        owner: which deskvm installation attaches (its sessions directory), written to
-            ``state_dir/<id>/owner``: :meth:`reap` never touches a session another
-            installation sharing the state dir owns.
+        settings: upstream interface, DNS servers, pool, state dir, host dir.
+        owner: which deskvm installation attaches (its sessions directory): its tag names
+            the installation's nft tables (without an owner, the state directory's path
+            does), and it is written to ``state_dir/<id>/owner``: :meth:`reap` never
+            touches a session another installation owns.
     """
 
     def __init__(self, settings: EgressSettings, *, owner: str = "") -> None:
         self.settings = settings
         self.owner = owner
+        self.installation = installation_tag(owner or os.path.abspath(settings.state_dir))
+        """This installation's tag (8 hex digits): names its tables."""
+        self.table = installation_table(self.installation)
+        """This installation's ``inet`` table."""
+        self.host = HostRegistry(settings.host_dir)
         self._readers: dict[str, _Reader] = {}
         self._mutex = threading.Lock()
 
@@ -111,42 +131,12 @@ class NftEgress:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self._mutex, open(self.settings.state_dir / "egress.lock", "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with self._mutex, self.host.locked():
+            yield
 
     def _session_dir(self, session_id: str) -> Path:
         return self.settings.state_dir / session_id
 
-    def _slots_dir(self) -> Path:
-        return self.settings.state_dir / "slots"
-
-    def _claim_slot(self, session_id: str) -> int:
-        slots = self._slots_dir()
-        slots.mkdir(parents=True, exist_ok=True)
-        for slot in range(self.settings.slot_count):
-            path = slots / str(slot)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                continue
-            with os.fdopen(fd, "w") as fh:
-                fh.write(session_id)
-            return slot
-        raise EgressError(f"egress subnet pool {self.settings.subnet_pool} is exhausted")
-
-    def _slot_of(self, session_id: str) -> int | None:
-        slots = self._slots_dir()
-        if not slots.is_dir():
-            return None
-        for path in slots.iterdir():
-            with contextlib.suppress(OSError):
-                if path.read_text().strip() == session_id:
-                    return int(path.name)
-        return None
 
     def _host_addresses(self) -> tuple[str, ...]:
         data = json.loads(self._run(["ip", "-j", "addr", "show"]) or "[]")
@@ -164,6 +154,7 @@ class NftEgress:
         subnet, gateway, guest = slot_addresses(self.settings.pool, slot)
         return SessionPlan(
             session_id=session_id,
+            installation=self.installation,
             bridge=bridge_name(session_id),
             guest_port=guest_port_name(session_id),
             subnet=subnet,
@@ -179,10 +170,11 @@ class NftEgress:
             drop_log_rate_per_s=self.settings.drop_log_rate_per_s,
         )
 
-    def _table_json(self) -> list[dict[str, object]]:
+    def _table_json(self, table: str | None = None) -> list[dict[str, object]]:
+        """The objects of an ``inet`` table (default: this installation's); ``[]`` if none."""
         try:
             out = subprocess.run(
-                ["nft", "-j", "list", "table", "inet", BASE_TABLE],
+                ["nft", "-j", "list", "table", "inet", table or self.table],
                 capture_output=True,
                 text=True,
                 timeout=15,
@@ -196,17 +188,30 @@ class NftEgress:
         return [i for i in items if isinstance(i, dict)]
 
     def _bridge_tables(self) -> list[str]:
+        """This installation's ``bridge`` tables (``deskvm_<tag>_<id>``)."""
         out = self._run(["nft", "-j", "list", "tables", "bridge"])
+        prefix = session_bridge_table(self.installation, "")
         names = []
         for item in json.loads(out or "{}").get("nftables", []):
             table = item.get("table") if isinstance(item, dict) else None
-            if isinstance(table, dict) and str(table.get("name", "")).startswith(BASE_TABLE + "_"):
+            if isinstance(table, dict) and str(table.get("name", "")).startswith(prefix):
                 names.append(str(table["name"]))
         return names
 
-    def _ensure_base_table(self) -> None:
+    def _guarded_bridges(self) -> set[str]:
+        """Bridges registered in the host-wide guard table (empty when it does not exist)."""
+        found: set[str] = set()
+        for item in self._table_json(GUARD_TABLE):
+            obj = item.get("set")
+            if isinstance(obj, dict) and obj.get("name") == "bridges":
+                found |= {e for e in obj.get("elem", []) or [] if isinstance(e, str)}
+        return found
+
+    def _ensure_tables(self) -> None:
+        if not self._table_json(GUARD_TABLE):
+            self._nft(render_guard_ruleset())
         if not self._table_json():
-            self._nft(render_base_ruleset())
+            self._nft(render_base_ruleset(self.table))
 
     def _start_ulogd(self, plan: SessionPlan, state: Path) -> None:
         conf = state / "ulogd.conf"
@@ -222,41 +227,34 @@ class NftEgress:
         log = (state / "ulogd.log").read_text() if (state / "ulogd.log").exists() else ""
         raise EgressError(f"ulogd did not bind NFLOG group {plan.nflog_group}: {log[-500:]}")
 
-    def _set_forwarding(self, on: bool) -> None:
-        saved = self.settings.state_dir / "ip_forward.saved"
-        if on:
-            if not saved.exists():
-                saved.write_text(_FORWARD_SYSCTL.read_text().strip())
-            _FORWARD_SYSCTL.write_text("1\n")
-        elif saved.exists():
-            _FORWARD_SYSCTL.write_text(saved.read_text().strip() + "\n")
-            saved.unlink()
-
     # -------------------------------------------------------------------- seam
 
     def attach(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
         """See :meth:`orchestrator.egress.base.Egress.attach`."""
         validate_session_id(session_id)
         with self._locked():
-            if self._session_dir(session_id).exists() or self._slot_of(session_id) is not None:
+            if self._session_dir(session_id).exists() or session_id in self.host.sessions():
                 raise EgressError(f"session {session_id} is already attached")
             try:
-                slot = self._claim_slot(session_id)
+                slot = self.host.claim(self.installation, session_id, self.settings.slot_count)
                 plan = self._plan(session_id, policy, slot)
                 state = self._session_dir(session_id)
                 state.mkdir(mode=0o700)
                 (state / "owner").write_text(self.owner)
-                self._ensure_base_table()
+                self._ensure_tables()
                 br = plan.bridge
                 self._run(["ip", "link", "add", br, "type", "bridge"])
-                self._run(["ip", "link", "set", br, "alias", f"deskvm:{session_id}"])
+                alias = f"deskvm:{self.installation}:{session_id}"
+                self._run(["ip", "link", "set", br, "alias", alias])
                 Path(f"/proc/sys/net/ipv6/conf/{br}/disable_ipv6").write_text("1\n")
                 self._run(["ip", "addr", "add", f"{plan.gateway_ip}/30", "dev", br])
                 self._run(["ip", "link", "set", br, "up"])
                 self._nft(render_session_ruleset(plan))
                 self._start_ulogd(plan, state)
                 self._run(dnsmasq_argv(plan, self.settings.dnsmasq_path, str(state)))
-                self._set_forwarding(True)
+                # Only now may the guard let the bridge's traffic through to its chains.
+                self._nft(render_guard_join(br))
+                self.host.forwarding_on()
                 attachment = EgressAttachment(
                     session_id=session_id,
                     bridge=br,
@@ -318,14 +316,20 @@ class NftEgress:
             except (EgressError, OSError, ValueError) as exc:
                 failures.append(f"{name}: {exc}")
 
+        step("guard", lambda: self._leave_guard(session_id))
         step("dnsmasq", lambda: self._kill(state, "dnsmasq"))
         step("ulogd", lambda: self._kill(state, "ulogd"))
         step("nft", lambda: self._delete_nft_objects(session_id))
         step("bridge", lambda: self._delete_bridge(session_id))
         step("state", lambda: _rmtree(state))
-        step("slot", lambda: self._release_slot(session_id))
-        step("base", self._maybe_remove_base)
+        step("slot", lambda: self.host.release(self.installation, session_id))
+        step("tables", self._maybe_remove_tables)
         return failures
+
+    def _leave_guard(self, session_id: str) -> None:
+        bridge = bridge_name(session_id)
+        if bridge in self._guarded_bridges():
+            self._nft(render_guard_leave(bridge))
 
     def _delete_nft_objects(self, session_id: str) -> None:
         items = self._table_json()
@@ -346,14 +350,15 @@ class NftEgress:
                     key, verdict = _map_elem(elem)
                     if key is not None and verdict.endswith("_" + session_id):
                         elements.append((str(obj["name"]), key))
+        bridge_table = session_bridge_table(self.installation, session_id)
         self._nft(
             render_session_teardown(
-                session_id,
+                self.table,
                 map_elements=elements,
                 chains=chains,
                 sets=sets,
                 counters=counters,
-                bridge_table=f"{BASE_TABLE}_{session_id}" in self._bridge_tables(),
+                bridge_table=bridge_table if bridge_table in self._bridge_tables() else None,
             )
         )
 
@@ -362,20 +367,15 @@ class NftEgress:
             if Path(f"/sys/class/net/{link}").exists():
                 self._run(["ip", "link", "del", link])
 
-    def _release_slot(self, session_id: str) -> None:
-        slots = self._slots_dir()
-        if slots.is_dir():
-            for path in slots.iterdir():
-                if path.read_text().strip() == session_id:
-                    path.unlink()
-
-    def _maybe_remove_base(self) -> None:
-        slots = self._slots_dir()
-        if slots.is_dir() and any(slots.iterdir()):
-            return
-        self._set_forwarding(False)
-        if self._table_json():
-            self._nft(f"delete table inet {BASE_TABLE}\n")
+    def _maybe_remove_tables(self) -> None:
+        """Remove this installation's table after its last session, and the host's guard
+        (IP forwarding restored first) after the last session of any installation."""
+        if not self.host.sessions(self.installation) and self._table_json():
+            self._nft(f"delete table inet {self.table}\n")
+        if not self.host.sessions():
+            self.host.forwarding_restore()
+            if self._table_json(GUARD_TABLE):
+                self._nft(f"delete table inet {GUARD_TABLE}\n")
 
     def decisions(self, session_id: str) -> list[NetworkDecision]:
         """See :meth:`orchestrator.egress.base.Egress.decisions`."""
@@ -438,10 +438,25 @@ class NftEgress:
                 self._readers.pop(session_id, None)
             if not dead:
                 with contextlib.suppress(EgressError, OSError):
-                    self._maybe_remove_base()
+                    self._maybe_remove_tables()
+            with contextlib.suppress(EgressError, OSError):
+                self._remove_legacy_table()
         if failures:
             raise EgressError("reap: " + "; ".join(failures))
         return dead
+
+    def _remove_legacy_table(self) -> None:
+        """Delete the ``inet deskvm`` table of deskvm versions before per-installation
+        names once no session of such a version is left in it: its forward hook (policy
+        drop) would drop every session's traffic."""
+        items = self._table_json(BASE_TABLE)
+        if not items:
+            return
+        for item in items:
+            obj = item.get("chain")
+            if isinstance(obj, dict) and _LABELLED_RE.match(str(obj.get("name", ""))):
+                return
+        self._nft(f"delete table inet {BASE_TABLE}\n")
 
     def _foreign(self, session_id: str) -> bool:
         try:
@@ -450,17 +465,23 @@ class NftEgress:
             return False
 
     def labelled_session_ids(self) -> set[str]:
-        """Session ids that label anything on this host (bridges, nft, state, processes).
+        """Session ids of this installation that label anything on this host: its slots,
+        tables, state directory and processes, and bridges whose alias names it.
+
+        Another installation's objects are never listed (they carry its tag).
 
         Raises:
             EgressError: nft or ip could not be queried.
         """
-        found: set[str] = set()
-        sid = re.compile(rf"^(?:{BRIDGE_PREFIX}|{GUEST_PORT_PREFIX})({_SID})$")
+        found: set[str] = set(self.host.sessions(self.installation))
+        link = re.compile(rf"^{BRIDGE_PREFIX}({_SID})$")
         for path in Path("/sys/class/net").iterdir():
-            m = sid.match(path.name)
+            m = link.match(path.name)
             if m:
-                found.add(m.group(1))
+                with contextlib.suppress(OSError):
+                    alias = (path / "ifalias").read_text().strip()
+                    if alias == f"deskvm:{self.installation}:{m.group(1)}":
+                        found.add(m.group(1))
         for item in self._table_json():
             for kind in ("chain", "set", "counter"):
                 obj = item.get(kind)
@@ -468,20 +489,14 @@ class NftEgress:
                     m = _LABELLED_RE.match(str(obj.get("name", "")))
                     if m:
                         found.add(m.group(1))
+        prefix = session_bridge_table(self.installation, "")
         for name in self._bridge_tables():
-            suffix = name[len(BASE_TABLE) + 1 :]
+            suffix = name[len(prefix) :]
             if re.fullmatch(_SID, suffix):
                 found.add(suffix)
         state = self.settings.state_dir
         if state.is_dir():
             found |= {p.name for p in state.iterdir() if re.fullmatch(_SID, p.name)}
-            slots = state / "slots"
-            if slots.is_dir():
-                for p in slots.iterdir():
-                    with contextlib.suppress(OSError):
-                        text = p.read_text().strip()
-                        if re.fullmatch(_SID, text):
-                            found.add(text)
             for pid in _pids_mentioning(str(state)):
                 m = re.search(rf"{re.escape(str(state))}/({_SID})/", _cmdline(pid))
                 if m:

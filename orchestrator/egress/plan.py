@@ -4,11 +4,22 @@ Nothing here does I/O; :class:`~orchestrator.egress.nftables.NftEgress` applies 
 these functions return (``nft -f -``) and the argv they build. Golden-file tests pin the
 output (``tests/egress/golden/``).
 
-Objects are labelled with the session id: the shared ``inet deskvm`` table holds the
-per-session chains ``fwd_<id>``, ``back_<id>``, ``in_<id>``, ``post_<id>``, ``nat_<id>``,
-sets ``d4_<id>_<port>`` / ``d6_<id>_<port>`` and counters ``out_up_<id>`` /
-``out_other_<id>``; the session also has its own ``bridge deskvm_<id>`` table.
+Names. Each deskvm *installation* (its egress state directory) has its own table,
+``inet deskvm_<tag>`` (:func:`installation_table`, ``tag`` from :func:`installation_tag`),
+holding the per-session chains ``fwd_<id>``, ``back_<id>``, ``in_<id>``, ``post_<id>``,
+``nat_<id>``, sets ``d4_<id>_<port>`` / ``d6_<id>_<port>`` and counters ``out_up_<id>`` /
+``out_other_<id>``; each session also has its own ``bridge deskvm_<tag>_<id>`` table.
 NFLOG prefixes are ``dvm:<id>:<A|D>:<reason>``.
+
+One table is shared by every installation on the host: the *guard*, ``inet deskvm_guard``
+(:func:`render_guard_ruleset`). IP forwarding is a host-wide switch; while any deskvm
+session has a network, the guard's forward hook drops every forwarded packet that neither
+comes from nor goes to a registered session bridge (set ``bridges``), so switching
+forwarding on never makes the host a router for anything else. An installation's own
+forward hook judges only its own bridges (verdict maps) and lets other traffic through to
+the guard; nftables runs every base chain of a hook and any drop is final, so a packet of
+a session must be accepted by its installation's chains *and* by the guard. A bridge joins
+the guard's set only after its session's chains exist and leaves it before they go.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from orchestrator.spec import CidrAllow, DomainAllow, EgressPolicy
 
 __all__ = [
     "BASE_TABLE",
+    "GUARD_TABLE",
     "NEVER_V4",
     "NEVER_V6",
     "PRIVATE_V4",
@@ -30,15 +42,40 @@ __all__ = [
     "dnsmasq_argv",
     "evaluate_connection",
     "guest_mac",
+    "installation_table",
+    "installation_tag",
     "refused_answer_ranges",
     "render_base_ruleset",
+    "render_guard_join",
+    "render_guard_leave",
+    "render_guard_ruleset",
     "render_session_ruleset",
     "render_session_teardown",
+    "session_bridge_table",
     "slot_addresses",
     "ulogd_config",
 ]
 
 BASE_TABLE = "deskvm"
+"""Prefix of every deskvm nftables table."""
+GUARD_TABLE = f"{BASE_TABLE}_guard"
+"""The host-wide guard table (``inet``), shared by every installation."""
+
+
+def installation_tag(state_dir: str) -> str:
+    """A short, stable tag of one installation: 8 hex digits of SHA-256 of its egress
+    state directory (an absolute path)."""
+    return hashlib.sha256(state_dir.encode()).hexdigest()[:8]
+
+
+def installation_table(tag: str) -> str:
+    """The ``inet`` table of the installation with ``tag``: ``deskvm_<tag>``."""
+    return f"{BASE_TABLE}_{tag}"
+
+
+def session_bridge_table(tag: str, session_id: str) -> str:
+    """The session's ``bridge`` table: ``deskvm_<tag>_<session_id>``."""
+    return f"{BASE_TABLE}_{tag}_{session_id}"
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -98,6 +135,7 @@ class SessionPlan:
 
     Attributes:
         session_id: labels every object.
+        installation: the installation's tag (:func:`installation_tag`): names its tables.
         bridge: bridge name.
         guest_port: name of the guest's bridge port (the tap libvirt creates, named by
             ``<target dev=.../>``); frames are filtered by ingress port because this
@@ -117,6 +155,7 @@ class SessionPlan:
     """
 
     session_id: str
+    installation: str
     bridge: str
     guest_port: str
     subnet: ipaddress.IPv4Network
@@ -136,6 +175,16 @@ class SessionPlan:
         """Port buckets of domain entries: ``"any"`` and/or decimal ports, sorted."""
         keys = {"any" if d.port is None else str(d.port) for d in self.policy.domains}
         return tuple(sorted(keys, key=lambda k: (k != "any", k.zfill(5))))
+
+    @property
+    def table(self) -> str:
+        """The installation's ``inet`` table."""
+        return installation_table(self.installation)
+
+    @property
+    def bridge_table(self) -> str:
+        """The session's ``bridge`` table."""
+        return session_bridge_table(self.installation, self.session_id)
 
     @property
     def has_ipv6(self) -> bool:
@@ -185,15 +234,51 @@ def _chain(name: str, lines: list[str]) -> list[str]:
     return [f"\tchain {name} {{", *[f"\t\t{line}" for line in lines], "\t}"]
 
 
-def render_base_ruleset() -> str:
-    """The shared ``inet deskvm`` table: hooks with verdict maps, forward policy drop.
+def render_guard_ruleset() -> str:
+    """The host-wide guard table ``inet deskvm_guard``: forward policy drop, but for
+    traffic from or to a registered session bridge (set ``bridges``).
 
-    Applied once, before the first session's objects, and deleted after the last session
-    (with IP forwarding restored first). The forward hook drops everything that no session
-    chain accepts.
+    Created before any installation switches IP forwarding on; deleted after the last
+    session on the host is gone and forwarding was restored (see the module docstring).
     """
     lines = [
-        f"table inet {BASE_TABLE} {{",
+        f"table inet {GUARD_TABLE} {{",
+        "\tset bridges { type ifname; }",
+        *_chain(
+            "forward",
+            [
+                "type filter hook forward priority filter; policy drop;",
+                "iifname @bridges accept",
+                "oifname @bridges accept",
+            ],
+        ),
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_guard_join(bridge: str) -> str:
+    """nft script registering ``bridge`` with the guard (its chains must exist already)."""
+    return f'add element inet {GUARD_TABLE} bridges {{ "{bridge}" }}\n'
+
+
+def render_guard_leave(bridge: str) -> str:
+    """nft script removing ``bridge`` from the guard (before its chains go)."""
+    return f'delete element inet {GUARD_TABLE} bridges {{ "{bridge}" }}\n'
+
+
+def render_base_ruleset(table: str) -> str:
+    """An installation's ``inet`` table: hooks with verdict maps keyed by its bridges.
+
+    Applied before the installation's first session's objects, deleted after its last.
+    Its forward hook judges the traffic of its own bridges only (each session chain ends
+    in a verdict) and lets everything else through to the guard (:func:`render_guard_ruleset`).
+
+    Args:
+        table: the table's name (:func:`installation_table`).
+    """
+    lines = [
+        f"table inet {table} {{",
         "\tmap fwd_from { type ifname : verdict; }",
         "\tmap fwd_to { type ifname : verdict; }",
         "\tmap in_from { type ifname : verdict; }",
@@ -202,7 +287,7 @@ def render_base_ruleset() -> str:
         *_chain(
             "forward",
             [
-                "type filter hook forward priority filter; policy drop;",
+                "type filter hook forward priority filter; policy accept;",
                 "iifname vmap @fwd_from",
                 "oifname vmap @fwd_to",
             ],
@@ -239,7 +324,7 @@ def render_session_ruleset(plan: SessionPlan) -> str:
     Returns:
         nft script text adding the bridge table, chains, sets, counters and map elements.
     """
-    sid, br, up = plan.session_id, plan.bridge, plan.upstream_iface
+    sid, br, up, table = plan.session_id, plan.bridge, plan.upstream_iface, plan.table
     out: list[str] = []
 
     guard = _Rules(plan)
@@ -251,7 +336,7 @@ def render_session_ruleset(plan: SessionPlan) -> str:
         guard.drop("ether type ip6", "ipv6")
     guard.drop("", "nonip")
     out += [
-        f"table bridge {BASE_TABLE}_{sid} {{",
+        f"table bridge {plan.bridge_table} {{",
         *_chain(
             "prerouting",
             [
@@ -305,7 +390,7 @@ def render_session_ruleset(plan: SessionPlan) -> str:
         f'counter name "out_other_{sid}"',
     ]
 
-    out += [f"table inet {BASE_TABLE} {{"]
+    out += [f"table inet {table} {{"]
     out += [f"\tcounter out_up_{sid} {{ }}", f"\tcounter out_other_{sid} {{ }}"]
     for key in plan.domain_ports:
         out.append(f"\tset {_set_name(sid, 4, key)} {{ type ipv4_addr; }}")
@@ -318,24 +403,24 @@ def render_session_ruleset(plan: SessionPlan) -> str:
         out += _chain(f"nat_{sid}", [f'oifname "{up}" masquerade'])
     out.append("}")
     out += [
-        f'add element inet {BASE_TABLE} fwd_from {{ "{br}" : jump fwd_{sid} }}',
-        f'add element inet {BASE_TABLE} fwd_to {{ "{br}" : jump back_{sid} }}',
-        f'add element inet {BASE_TABLE} in_from {{ "{br}" : jump in_{sid} }}',
-        f"add element inet {BASE_TABLE} post_src {{ {plan.guest_ip} : jump post_{sid} }}",
+        f'add element inet {table} fwd_from {{ "{br}" : jump fwd_{sid} }}',
+        f'add element inet {table} fwd_to {{ "{br}" : jump back_{sid} }}',
+        f'add element inet {table} in_from {{ "{br}" : jump in_{sid} }}',
+        f"add element inet {table} post_src {{ {plan.guest_ip} : jump post_{sid} }}",
     ]
     if plan.masquerade:
-        out.append(f"add element inet {BASE_TABLE} nat_src {{ {plan.guest_ip} : jump nat_{sid} }}")
+        out.append(f"add element inet {table} nat_src {{ {plan.guest_ip} : jump nat_{sid} }}")
     return "\n".join(out) + "\n"
 
 
 def render_session_teardown(
-    session_id: str,
+    table: str,
     *,
     map_elements: Iterable[tuple[str, str]],
     chains: Iterable[str],
     sets: Iterable[str],
     counters: Iterable[str],
-    bridge_table: bool,
+    bridge_table: str | None,
 ) -> str:
     """nft script deleting the given (existing) objects of one session.
 
@@ -343,24 +428,24 @@ def render_session_teardown(
     idempotent); element keys are rendered as found.
 
     Args:
-        session_id: the session.
+        table: the installation's ``inet`` table.
         map_elements: ``(map name, key)`` pairs to delete (``key`` as nft prints it).
-        chains: chain names in ``inet deskvm``.
-        sets: set names in ``inet deskvm``.
-        counters: counter names in ``inet deskvm``.
-        bridge_table: whether ``bridge deskvm_<id>`` exists.
+        chains: chain names in ``table``.
+        sets: set names in ``table``.
+        counters: counter names in ``table``.
+        bridge_table: the session's ``bridge`` table when it exists, else ``None``.
 
     Returns:
         nft script text (may be empty).
     """
-    lines = [f"delete element inet {BASE_TABLE} {m} {{ {k} }}" for m, k in map_elements]
+    lines = [f"delete element inet {table} {m} {{ {k} }}" for m, k in map_elements]
     chain_list = sorted(chains)
-    lines += [f"flush chain inet {BASE_TABLE} {c}" for c in chain_list]
-    lines += [f"delete chain inet {BASE_TABLE} {c}" for c in chain_list]
-    lines += [f"delete set inet {BASE_TABLE} {s}" for s in sorted(sets)]
-    lines += [f"delete counter inet {BASE_TABLE} {c}" for c in sorted(counters)]
-    if bridge_table:
-        lines.append(f"delete table bridge {BASE_TABLE}_{session_id}")
+    lines += [f"flush chain inet {table} {c}" for c in chain_list]
+    lines += [f"delete chain inet {table} {c}" for c in chain_list]
+    lines += [f"delete set inet {table} {s}" for s in sorted(sets)]
+    lines += [f"delete counter inet {table} {c}" for c in sorted(counters)]
+    if bridge_table is not None:
+        lines.append(f"delete table bridge {bridge_table}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -455,7 +540,7 @@ def dnsmasq_argv(plan: SessionPlan, dnsmasq: str, state_dir: str) -> list[str]:
         by_name.setdefault(pattern.removeprefix("*."), set()).update(by_pattern[pattern])
     for name in sorted(by_name):
         targets = ",".join(
-            f"{v}#inet#{BASE_TABLE}#{_set_name(sid, v, key)}"
+            f"{v}#inet#{plan.table}#{_set_name(sid, v, key)}"
             for key in sorted(by_name[name])
             for v in (4, 6)
         )

@@ -86,6 +86,7 @@ class World:
         self.internet_log = self.tmp / "internet.log"
         self.host_service: socket.socket | None = None
         self.forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+        self.extra_ns: list[str] = []
 
     # ------------------------------------------------------------- building
 
@@ -151,70 +152,47 @@ class World:
 
     def attach(self) -> EgressAttachment:
         self.attachment = a = self.egress.attach(self.session_id, POLICY)
+        self.plug_guest(a, self.guest_ns)
+        return a
+
+    def add_guest(self, attachment: EgressAttachment) -> str:
+        """A further stand-in guest (its own namespace) plugged into ``attachment``'s
+        bridge, e.g. for a session of a second installation; removed by :meth:`close`."""
+        ns = f"{self.guest_ns}{len(self.extra_ns) + 2}"
+        sh("ip", "netns", "add", ns)
+        self.extra_ns.append(ns)
+        self.plug_guest(attachment, ns)
+        return ns
+
+    def plug_guest(self, a: EgressAttachment, ns: str) -> None:
         # Stand-in guest: a veth whose host end is the port the VM's tap would be.
-        sh(
-            "ip",
-            "link",
-            "add",
-            a.guest_port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            self.guest_ns,
-        )
+        sh("ip", "link", "add", a.guest_port, "type", "veth", "peer", "name", "eth0", "netns", ns)
         sh("ip", "link", "set", a.guest_port, "master", a.bridge)
         sh("ip", "link", "set", a.guest_port, "up")
-        g = ("ip", "-n", self.guest_ns)
+        g = ("ip", "-n", ns)
         sh(*g, "link", "set", "eth0", "address", a.guest_mac)
         sh(*g, "link", "set", "eth0", "up")
         sh(*g, "link", "set", "lo", "up")
-        return a
 
-    def dhcp(self) -> str:
-        script = self.tmp / "udhcpc.sh"
+    def dhcp(self, ns: str | None = None) -> str:
+        """Lease an address in the stand-in guest ``ns`` (default: the world's guest)."""
+        ns = ns or self.guest_ns
+        lease = self.tmp / f"lease-{ns}"
+        script = self.tmp / f"udhcpc-{ns}.sh"
         script.write_text(
             "#!/bin/sh\n"
             'if [ "$1" = bound ]; then ip addr add "$ip/$mask" dev "$interface";'
-            ' ip route add default via "$router"; echo "$ip" > '
-            + str(self.tmp / "lease")
-            + "; fi\n"
+            f' ip route add default via "$router"; echo "$ip" > {lease}; fi\n'
         )
         script.chmod(0o755)
-        sh(
-            "ip",
-            "netns",
-            "exec",
-            self.guest_ns,
-            "busybox",
-            "udhcpc",
-            "-i",
-            "eth0",
-            "-n",
-            "-q",
-            "-t",
-            "5",
-            "-T",
-            "1",
-            "-s",
-            str(script),
-            timeout_s=30,
-        )
-        return (self.tmp / "lease").read_text().strip()
+        udhcpc = ("busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-t", "5", "-T", "1")
+        sh("ip", "netns", "exec", ns, *udhcpc, "-s", str(script), timeout_s=30)
+        return lease.read_text().strip()
 
-    def probe(self, *args: str) -> dict[str, Any]:
-        out = sh(
-            "ip",
-            "netns",
-            "exec",
-            self.guest_ns,
-            sys.executable,
-            str(HERE / "probe.py"),
-            *args,
-            timeout_s=30,
-        )
+    def probe(self, *args: str, ns: str | None = None) -> dict[str, Any]:
+        """Run ``probe.py args`` in the stand-in guest ``ns`` (default: the world's guest)."""
+        probe = (sys.executable, str(HERE / "probe.py"), *args)
+        out = sh("ip", "netns", "exec", ns or self.guest_ns, *probe, timeout_s=30)
         result: dict[str, Any] = json.loads(out)
         return result
 
@@ -252,7 +230,7 @@ class World:
         for link in (self.up,):
             if Path(f"/sys/class/net/{link}").exists():
                 step(lambda link=link: sh("ip", "link", "del", link))
-        for ns in (self.guest_ns, self.inet_ns):
+        for ns in (self.guest_ns, *self.extra_ns, self.inet_ns):
             if Path(f"/run/netns/{ns}").exists():
                 step(lambda ns=ns: sh("ip", "netns", "del", ns))
         forward = Path("/proc/sys/net/ipv4/ip_forward")

@@ -16,7 +16,12 @@ from orchestrator.egress.plan import (
     SessionPlan,
     dnsmasq_argv,
     guest_mac,
+    installation_table,
+    installation_tag,
     render_base_ruleset,
+    render_guard_join,
+    render_guard_leave,
+    render_guard_ruleset,
     render_session_ruleset,
     render_session_teardown,
     slot_addresses,
@@ -26,12 +31,14 @@ from orchestrator.spec import EgressPolicy
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 SID = "abcdefgh2345"
+TAG = installation_tag("/var/lib/deskvm/sessions")
 
 
 def plan(allow: tuple[str, ...], *, masquerade: bool = True, slot: int = 3) -> SessionPlan:
     subnet, gateway, guest = slot_addresses(ipaddress.IPv4Network("10.213.0.0/16"), slot)
     return SessionPlan(
         session_id=SID,
+        installation=TAG,
         bridge=f"dvm{SID}",
         guest_port=f"dvg{SID}",
         subnet=subnet,
@@ -70,7 +77,25 @@ def check(name: str, text: str) -> None:
 
 
 def test_base_ruleset() -> None:
-    check("base.nft", render_base_ruleset())
+    check("base.nft", render_base_ruleset(installation_table(TAG)))
+
+
+def test_guard_ruleset() -> None:
+    check("guard.nft", render_guard_ruleset())
+    assert render_guard_join("dvmabc") == 'add element inet deskvm_guard bridges { "dvmabc" }\n'
+    assert render_guard_leave("dvmabc").startswith("delete element inet deskvm_guard bridges")
+
+
+def test_installation_names() -> None:
+    """Each installation's tables carry its own tag; the tag is stable per path."""
+    assert installation_tag("/var/lib/deskvm/sessions") == TAG and len(TAG) == 8
+    assert installation_tag("/var/lib/deskvm-other/sessions") != TAG
+    assert FULL.table == f"deskvm_{TAG}"
+    assert FULL.bridge_table == f"deskvm_{TAG}_{SID}"
+    assert f"table inet deskvm_{TAG} {{" in render_session_ruleset(FULL)
+    assert f"#inet#deskvm_{TAG}#d4_{SID}_any" in " ".join(dnsmasq_argv(FULL, "dnsmasq", "/st"))
+    # Interface names stay within Linux's 15 bytes (IFNAMSIZ - 1).
+    assert max(len(FULL.bridge), len(FULL.guest_port)) <= 15
 
 
 @pytest.mark.parametrize(("name", "p"), [("full", FULL), ("empty", EMPTY)])
@@ -89,17 +114,17 @@ def test_ulogd_config() -> None:
 
 def test_teardown() -> None:
     text = render_session_teardown(
-        SID,
+        FULL.table,
         map_elements=[("fwd_from", f'"dvm{SID}"'), ("post_src", "10.213.0.14")],
         chains=[f"fwd_{SID}", f"in_{SID}"],
         sets=[f"d4_{SID}_any"],
         counters=[f"out_up_{SID}"],
-        bridge_table=True,
+        bridge_table=FULL.bridge_table,
     )
     check("teardown.nft", text)
     assert (
         render_session_teardown(
-            SID, map_elements=[], chains=[], sets=[], counters=[], bridge_table=False
+            FULL.table, map_elements=[], chains=[], sets=[], counters=[], bridge_table=None
         )
         == ""
     )

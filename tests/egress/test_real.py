@@ -5,6 +5,7 @@ Traffic goes only to the namespaces the world creates (see :mod:`egress_world`).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from egress_world import POLICY, World, leftovers, print_table, run_bypass_table
 
 from orchestrator.clock import SystemClock
-from orchestrator.egress import NftEgress
+from orchestrator.egress import EgressAttachment, NftEgress
 from orchestrator.errors import EgressError, HypervisorError
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.recorder import MemoryRecorder
@@ -66,7 +67,7 @@ def test_bypass_table(world: World, capsys: pytest.CaptureFixture[str]) -> None:
     assert decisions == sorted(decisions, key=lambda d: d.ts_ns)
     # refused answers never reached the allow set
     sets = subprocess.run(
-        ["nft", "list", "set", "inet", "deskvm", f"d4_{world.session_id}_any"],
+        ["nft", "list", "set", "inet", world.egress.table, f"d4_{world.session_id}_any"],
         capture_output=True,
         text=True,
         check=True,
@@ -144,3 +145,98 @@ def test_session_failing_to_start_leaves_no_network(bare_world: World) -> None:
     assert attached[0]["event"] == "attached" and attached[-1] == {"event": "detached"}
     assert spec.session_id not in w.egress.labelled_session_ids()
     assert not deskvm_leftovers()
+
+
+def _nft_tables() -> set[str]:
+    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in out.stdout.splitlines() if "deskvm" in line}
+
+
+def _works(w: World, ns: str, attachment: EgressAttachment) -> None:
+    """The stand-in guest in ``ns`` leases its address, resolves and reaches what its
+    policy allows and nothing else."""
+    assert w.dhcp(ns) == attachment.guest_ip
+    gw = attachment.gateway_ip
+    assert w.probe("dns", gw, "allowed.test", ns=ns).get("answers") == ["203.0.113.10"]
+    assert w.probe("tcp", "203.0.113.10", "80", ns=ns)["ok"]
+    assert not w.probe("tcp", "198.51.100.8", "80", ns=ns)["ok"]
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_two_installations_run_and_stop_in_either_order(bare_world: World, first: str) -> None:
+    """Two installations (own state directories, so own tables, state and processes) on
+    one host: each session works beside the other, each installation lists and reaps only
+    its own, and either may stop first: the other keeps working, IP forwarding stays on
+    until the last session of the host is gone and is then restored."""
+    w = bare_world
+    forward = Path("/proc/sys/net/ipv4/ip_forward")
+    other = NftEgress(dataclasses.replace(w.settings, state_dir=w.tmp / "state-b"))
+    egress = {"a": w.egress, "b": other}
+    assert egress["a"].table != egress["b"].table
+    sids = {"a": new_session_id(), "b": new_session_id()}
+    attached: dict[str, EgressAttachment] = {}
+    try:
+        for name in ("a", "b"):
+            attached[name] = egress[name].attach(sids[name], POLICY)
+        assert attached["a"].guest_ip != attached["b"].guest_ip
+        assert attached["a"].nflog_group != attached["b"].nflog_group
+        guests = {name: w.add_guest(attached[name]) for name in ("a", "b")}
+        for name in ("a", "b"):
+            _works(w, guests[name], attached[name])
+        # A session of one installation cannot reach the other's guest.
+        reach_b = w.probe("tcp", attached["b"].guest_ip, "80", ns=guests["a"])
+        assert not reach_b["ok"], reach_b
+        # Each installation sees and reaps only its own sessions.
+        assert egress["a"].labelled_session_ids() == {sids["a"]}
+        assert egress["b"].labelled_session_ids() == {sids["b"]}
+        assert egress["b"].reap(frozenset({sids["b"]})) == []
+        assert NftEgress(other.settings).reap(frozenset({sids["b"]})) == []  # restarted b
+
+        second = "b" if first == "a" else "a"
+        egress[first].detach(sids[first])
+        assert forward.read_text().strip() == "1"
+        tables = _nft_tables()
+        assert egress[first].table not in tables
+        assert {egress[second].table, "deskvm_guard"} <= tables
+        assert egress[second].labelled_session_ids() == {sids[second]}
+        reach = w.probe("tcp", "203.0.113.10", "80", ns=guests[second])
+        assert reach["ok"], reach
+        assert not w.probe("tcp", "198.51.100.8", "80", ns=guests[second])["ok"]
+
+        egress[second].detach(sids[second])
+        assert forward.read_text().strip() == w.forward_before
+        assert not _nft_tables() & {egress["a"].table, egress["b"].table, "deskvm_guard"}
+    finally:
+        for name in ("a", "b"):
+            egress[name].detach(sids[name])
+    assert not deskvm_leftovers()
+
+
+def test_the_guard_forwards_nothing_but_session_traffic(bare_world: World) -> None:
+    """While forwarding is on for a session, the host still routes nothing else: traffic
+    between two non-deskvm interfaces is dropped by the guard."""
+    w = bare_world
+    w.attach()
+    guard = subprocess.run(
+        ["nft", "list", "table", "inet", "deskvm_guard"], capture_output=True, text=True
+    ).stdout
+    assert "policy drop" in guard and f'"{w.attachment.bridge}"' in guard  # type: ignore[union-attr]
+    # The stand-in guest's namespace, addressed by hand on a plain veth (no deskvm bridge):
+    # the internet namespace cannot be reached through the host from it.
+    sh_ns = ("ip", "-n", w.guest_ns)
+    subprocess.run(["ip", "link", "add", "dvtplain0", "type", "veth", "peer", "name", "p0",
+                    "netns", w.guest_ns], check=True)  # fmt: skip
+    try:
+        subprocess.run(["ip", "addr", "add", "192.0.2.201/30", "dev", "dvtplain0"], check=True)
+        subprocess.run(["ip", "link", "set", "dvtplain0", "up"], check=True)
+        subprocess.run([*sh_ns, "addr", "add", "192.0.2.202/30", "dev", "p0"], check=True)
+        subprocess.run([*sh_ns, "link", "set", "p0", "up"], check=True)
+        subprocess.run([*sh_ns, "route", "add", "203.0.113.10/32", "via", "192.0.2.201"],
+                       check=True)  # fmt: skip
+        # The internet answers 192.0.2.202 back through the host: only the guard stops it.
+        subprocess.run(["ip", "-n", w.inet_ns, "route", "add", "192.0.2.202/32",
+                        "via", "203.0.113.1"], check=True)  # fmt: skip
+        result = w.probe("tcp", "203.0.113.10", "80")
+        assert not result["ok"], result
+    finally:
+        subprocess.run(["ip", "link", "del", "dvtplain0"], check=False)
