@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent_bridge.protocol.actions import Action, HoldKey, Key, Type, action_name
+from agent_bridge.protocol.actions import ACTION_KINDS, Action, HoldKey, Key, Type, action_name
 from agent_bridge.protocol.keys import KeyCombo, combo_text, parse_combo
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import ActionError, ConfigError, DeskvmError
@@ -45,6 +45,17 @@ __all__ = [
 
 Decision = Literal["approve", "deny"]
 _MAX_RULES = 64
+_OBSERVATION_KINDS = ("screenshot", "zoom", "cursor_position")
+_KIND_HINTS = {
+    # Vendor (Anthropic, OpenAI, OSWorld) names and deskvm vocabulary spellings of kinds:
+    # the action each becomes, which is what a rule must name.
+    "left_click": "click", "right_click": "click", "middle_click": "click",
+    "double_click": "click", "triple_click": "click", "doubleclick": "click",
+    "mouse_move": "move", "left_click_drag": "drag", "left_mouse_down": "mouse_down",
+    "left_mouse_up": "mouse_up", "keypress": "key", "press": "key", "hotkey": "key",
+    "typing": "type", "write": "type", "hold": "hold_key", "key_down": "hold_key",
+    "move_to": "move", "drag_to": "drag", "scroll_up": "scroll", "scroll_down": "scroll",
+}  # fmt: skip
 _MAX_PATTERN_CHARS = 200
 
 TYPED_WINDOW_CHARS = 1024
@@ -213,6 +224,31 @@ class ApprovalTimeout(ActionError):
     code = "approval_timeout"
 
 
+def _check_kinds(kinds: tuple[str, ...]) -> None:
+    """Refuse kinds no action has (a rule that can never match), naming the valid ones.
+
+    Raises:
+        ConfigError: a kind is not a deskvm action kind (vendor names get the deskvm kind
+            they become as a hint).
+    """
+    for kind in kinds:
+        if not isinstance(kind, str):
+            raise ConfigError(f"approval kinds must be strings, got {kind!r}")
+        if kind in ACTION_KINDS:
+            continue
+        hint = _KIND_HINTS.get(kind)
+        said = (
+            f"; {kind!r} is carried out as a {hint!r} action: name {hint!r} (it holds every "
+            f"{hint})"
+            if hint is not None
+            else ""
+        )
+        raise ConfigError(
+            f"approval kind {kind!r} matches no action{said}. Rules match deskvm action "
+            f"kinds, whatever vocabulary the agent speaks: {', '.join(sorted(ACTION_KINDS))}"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ApprovalPolicy:
     """Which actions of a session are held for an operator.
@@ -253,6 +289,13 @@ class ApprovalPolicy:
             object.__setattr__(self, name, tuple(value))
         if not 0 < self.timeout_s <= 3600:
             raise ConfigError(f"approval timeout_s {self.timeout_s} is outside (0, 3600]")
+        _check_kinds(self.kinds)
+        if self.include_observations and not self.every_action:
+            raise ConfigError(
+                "approval include_observations only applies with every_action: true (it adds "
+                "screenshot, zoom and cursor_position to supervised mode); to hold one of "
+                "them alone, name it in kinds"
+            )
         combos = frozenset(str(parse_combo(c)) for c in self.key_combos)
         regexes = []
         for pattern in self.text_patterns:

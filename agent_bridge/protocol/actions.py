@@ -16,6 +16,7 @@ from agent_bridge.protocol.keys import KeyCombo
 from orchestrator.errors import ActionError
 
 __all__ = [
+    "ACTION_KINDS",
     "MAX_WAIT_MS",
     "Action",
     "Button",
@@ -244,6 +245,11 @@ _NAMES: dict[type, str] = {
     Wait: "wait",
     CursorPosition: "cursor_position",
 }
+
+
+ACTION_KINDS: frozenset[str] = frozenset(_NAMES.values())
+"""Every deskvm action kind (what :func:`action_name` returns): the names approval rules
+match, whatever vocabulary the agent speaks."""
 
 
 def action_name(action: Action) -> str:

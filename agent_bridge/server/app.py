@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio.to_thread
 from fastapi import FastAPI
 
-from agent_bridge.server.deps import server_token
+from agent_bridge.server.deps import known_query_only, server_token
 from agent_bridge.server.errors import install_error_handlers
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.server.routers import (
@@ -90,6 +90,7 @@ def create_app(
         description="REST for sessions; actions over the WebSocket "
         "`/v1/sessions/{id}/ws` (see docs/protocol.md).",
         lifespan=_lifespan,
+        dependencies=[known_query_only],
     )
     app.state.bridge = state
     install_error_handlers(app)

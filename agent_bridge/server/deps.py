@@ -9,6 +9,9 @@
 - :data:`SessionDep` — the session named by the ``session_id`` path parameter (404
   ``session_not_found``). Declare it after the principal so credentials are checked first.
 - :data:`BaseUrl` — the server's base URL as the client reached it.
+- :data:`known_query_only` — on the app: a query parameter the route does not declare is
+  refused (422 ``invalid_query``, naming it), so a typo such as ``?ofset=`` never silently
+  falls back to a default. WebSocket routes check theirs with :func:`unknown_query`.
 
 Tokens are read from the ``Authorization`` header only, never from the URL.
 """
@@ -16,8 +19,9 @@ Tokens are read from the ``Authorization`` header only, never from the URL.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -26,6 +30,7 @@ from starlette.requests import HTTPConnection
 
 from agent_bridge.server.state import BridgeState
 from agent_bridge.tokens import Claims, Scope, TokenAuthority, TokenError
+from orchestrator.errors import ProtocolError
 from orchestrator.session import Session
 
 __all__ = [
@@ -40,8 +45,10 @@ __all__ = [
     "ViewPrincipal",
     "authorize",
     "get_bridge",
+    "known_query_only",
     "server_token",
     "token_ok",
+    "unknown_query",
 ]
 
 _BEARER = HTTPBearer(auto_error=False, description="the server's token (see `deskvm serve`)")
@@ -170,3 +177,57 @@ def _lookup_session(session_id: str, bridge: Bridge) -> Session:
 
 
 SessionDep = Annotated[Session, Depends(_lookup_session)]
+
+
+def _declared_query(dependant: Any) -> set[str]:
+    names = {str(p.alias) for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _declared_query(sub)
+    return names
+
+
+def unknown_query(given: Iterable[str], allowed: Iterable[str]) -> ProtocolError | None:
+    """The error for query parameters outside ``allowed`` (``None`` when all are known).
+
+    The message names the unknown ones and lists what the endpoint takes; a ``token`` or
+    ``access_token`` gets the reason it is never read.
+    """
+    allowed = set(allowed)
+    unknown = sorted(set(given) - allowed)
+    if not unknown:
+        return None
+    takes = ", ".join(sorted(allowed)) if allowed else "none"
+    message = (
+        f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
+        f"{', '.join(repr(u) for u in unknown)}; this endpoint takes: {takes}"
+    )
+    if {"token", "access_token"} & set(unknown):
+        message += " (tokens in the URL are never read: send 'Authorization: Bearer <token>')"
+    return ProtocolError(message, code="invalid_query")
+
+
+async def _known_query_only(connection: HTTPConnection) -> None:
+    """Raises: ProtocolError: 422 ``invalid_query`` for an undeclared query parameter."""
+    if connection.scope.get("type") != "http":
+        return  # WebSocket routes answer in their own protocol (see unknown_query)
+    route = connection.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    error = unknown_query(connection.query_params.keys(), _declared_query(dependant))
+    if error is None:
+        return
+    if "authorization" not in connection.headers and _needs_credentials(dependant):
+        return  # credentials first: the route's own dependency answers 401
+    raise error
+
+
+def _needs_credentials(dependant: Any) -> bool:
+    call = getattr(dependant, "call", None)
+    if call is _require_server_token or isinstance(call, SessionGuard):
+        return True
+    return any(_needs_credentials(sub) for sub in dependant.dependencies)
+
+
+known_query_only = Depends(_known_query_only)
+"""App dependency: refuse query parameters the route does not declare."""

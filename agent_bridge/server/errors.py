@@ -32,6 +32,7 @@ log = logging.getLogger("deskvm.bridge")
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_request": 422,
+    "invalid_query": 422,
     "invalid_config": 422,
     "invalid_egress": 422,
     "egress_not_configured": 422,

@@ -35,7 +35,7 @@ from agent_bridge.protocol.replies import (
 )
 from agent_bridge.protocol.results import CursorResult, ImageResult, Result, to_deskvm_result
 from agent_bridge.protocol.scaling import Scaler, scale_action
-from agent_bridge.server.deps import ADMIN, Bridge, Principal
+from agent_bridge.server.deps import ADMIN, Bridge, Principal, unknown_query
 from agent_bridge.server.gate import gate
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.server.sockets import (
@@ -63,12 +63,15 @@ from orchestrator.errors import (
 from orchestrator.session import Session, SessionState, encode_png
 from orchestrator.spec import MAX_DISPLAY_PX
 
-__all__ = ["router"]
+__all__ = ["WS_QUERY_PARAMS", "router"]
 
 log = logging.getLogger("deskvm.bridge")
 
 router = APIRouter(tags=["actions"])
 
+WS_QUERY_PARAMS = frozenset({"schema", "on_disconnect", "scale_to", "max_long_edge", "images"})
+"""The action WebSocket's query parameters; any other is refused (``invalid_query``), so a
+typo such as ``?schem=openai`` never silently gives the deskvm vocabulary."""
 _STATE_POLL_S = 0.2
 _ENDED: frozenset[SessionState] = frozenset({"closing", "closed", "failed"})
 _OBSERVATIONS = (Screenshot, Zoom, CursorPosition)
@@ -140,6 +143,10 @@ class _Connection:
 
     async def run(self) -> None:
         query = self.ws.query_params
+        unknown = unknown_query(query.keys(), WS_QUERY_PARAMS)
+        if unknown is not None:
+            await self._refuse(unknown, CLOSE_POLICY_VIOLATION)
+            return
         on_disconnect = query.get("on_disconnect", "keep")
         if on_disconnect not in ("keep", "delete"):
             await self._refuse(
