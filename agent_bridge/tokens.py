@@ -229,6 +229,14 @@ class TokenAuthority:
                 self._revoked[token_id] = self._issued[token_id].expires_at
             return len(ids)
 
+    def minted(self, session_id: str, token_id: str) -> Claims | None:
+        """The claims of ``token_id`` if this authority minted it for ``session_id`` and it
+        has not expired (revoked or not), else ``None``."""
+        with self._lock:
+            self._prune()
+            claims = self._issued.get(token_id)
+            return claims if claims is not None and claims.session_id == session_id else None
+
     def issued(self, session_id: str) -> list[Claims]:
         """Unexpired, unrevoked tokens minted for ``session_id`` (claims only)."""
         with self._lock:

@@ -43,6 +43,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unauthorized": 401,
     "forbidden": 403,
     "pending_not_found": 404,
+    "token_not_found": 404,
     "session_closed": 409,
     "image_not_verified": 409,
     "rate_limited": 429,

@@ -125,6 +125,8 @@ def test_wrong_session_revoked_replayed_forged_and_query_tokens_are_refused(
     ) == 1
     assert all(t["token"] is None for t in client.get(f"/v1/sessions/{a}/tokens").json())
     assert client.delete(f"/v1/sessions/{a}/tokens/{minted['token_id']}").status_code == 204
+    assert client.delete(f"/v1/sessions/{a}/tokens/{minted['token_id']}").status_code == 204
+    assert client.delete(f"/v1/sessions/{a}/tokens/nosuchtoken").status_code == 404
     assert anon.get(f"/v1/sessions/{a}", headers=headers).status_code == 401
     assert _refused(anon, f"/v1/sessions/{a}/ws", headers=headers) == 1008
     # Replayed single-use token (a viewer link): the second WebSocket is refused.
@@ -453,7 +455,8 @@ def test_a_sessions_admin_cannot_revoke_or_decide_for_another_session(
     victim = _mint(client, b, "control")
     admin_a = {"Authorization": f"Bearer {_mint(client, a, 'admin')['token']}"}
     response = anon.delete(f"/v1/sessions/{a}/tokens/{victim['token_id']}", headers=admin_a)
-    assert response.status_code == 204  # ignored: not a token of session a
+    assert response.status_code == 404  # not a token of session a: nothing revoked
+    assert response.json()["error"]["code"] == "token_not_found"
     headers_b = {"Authorization": f"Bearer {victim['token']}"}
     assert anon.get(f"/v1/sessions/{b}", headers=headers_b).status_code == 200
     results: list[dict[str, Any]] = []

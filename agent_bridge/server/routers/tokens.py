@@ -52,10 +52,17 @@ async def list_tokens(session_id: str, bridge: Bridge) -> list[TokenInfo]:
     "/{token_id}", status_code=204, dependencies=[Depends(SessionGuard("admin"))]
 )
 async def revoke_token(session_id: str, token_id: str, bridge: Bridge) -> Response:
-    """Revoke a token of this session: refused from now on (idempotent).
+    """Revoke a token of this session: refused from now on.
 
-    Ids of other sessions' tokens are ignored (answering 204 all the same).
+    Idempotent for this session's tokens (revoking one again answers 204 again); 404
+    ``token_not_found`` for an id that is no unexpired token of this session (a typo, another
+    session's token, or one that expired and is refused anyway).
     """
-    if any(c.token_id == token_id for c in bridge.authority.issued(session_id)):
-        bridge.authority.revoke(token_id)
+    if bridge.authority.minted(session_id, token_id) is None:
+        raise TokenError(
+            f"session {session_id} has no unexpired token {token_id!r} (list them with GET "
+            f"/v1/sessions/{session_id}/tokens)",
+            code="token_not_found",
+        )
+    bridge.authority.revoke(token_id)
     return Response(status_code=204)
