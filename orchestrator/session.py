@@ -362,7 +362,16 @@ class Session:
             self._start_capture()  # the boot is recorded too (capture starts at domain start)
             self._wait_ready(t0)
         except BaseException as exc:
-            self._state = "failed"
+            with self._state_lock:
+                closed_by_caller = self._closing.is_set()
+                if not closed_by_caller:
+                    self._state = "failed"
+            if closed_by_caller:
+                # close() ended the session while it booted (e.g. its client went away): that
+                # is the one ending, with close()'s reason; the boot's failure is its effect.
+                raise SessionClosed(
+                    f"session {self.id} was closed while starting: {self.closed_reason}"
+                ) from exc
             detail = exc.message if isinstance(exc, DeskvmError) else repr(exc)
             with contextlib.suppress(DeskvmError):
                 self._recorder.append("lifecycle", {"event": "start_failed", "error": detail})

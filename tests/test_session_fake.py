@@ -274,3 +274,37 @@ def test_close_cuts_a_running_wait_short() -> None:
     assert time.monotonic() - t0 < 5, "close waited for the running action"
     assert session.state == "closed" and hv.domains == {}
     assert len(outcome) == 1 and isinstance(outcome[0], SessionClosed)
+
+
+def test_closed_while_booting_ends_once_with_the_closers_reason() -> None:
+    """A client that leaves while its session boots: one ending, ``client disconnected``
+    (it was ``start failed`` with two ``closed`` events)."""
+    import threading
+
+    from orchestrator.clock import SystemClock
+
+    clock = SystemClock()
+    recorder = MemoryRecorder(clock)
+    hv = FakeHypervisor(boot_screens=10**9)  # never ready on its own
+    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(640, 400), boot_timeout_s=60)
+    session = Session(spec, hypervisor=hv, recorder=recorder, clock=clock,
+                      pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.01)  # fmt: skip
+    failure: list[BaseException] = []
+
+    def boot() -> None:
+        try:
+            session.start()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=boot)
+    thread.start()
+    while not hv.started:
+        threading.Event().wait(0.01)
+    session.close(reason="client disconnected")
+    thread.join(10)
+    assert isinstance(failure[0], SessionClosed) and "client disconnected" in str(failure[0])
+    closed = [e.data for e in recorder.events if e.kind == "lifecycle"
+              and e.data.get("event") in ("closed", "start_failed")]  # fmt: skip
+    assert closed == [{"event": "closed", "reason": "client disconnected", "errors": []}]
+    assert session.state == "closed" and session.closed_reason == "client disconnected"

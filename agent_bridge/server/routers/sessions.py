@@ -152,6 +152,8 @@ async def _run_unless_disconnected(
                 await anyio.sleep(0.5)
                 if await request.is_disconnected():
                     if started:
+                        log.info("session %s: client disconnected while it booted; deleting",
+                                 started[0].id)  # fmt: skip
                         await bridge.delete_quietly(started[0].id, "client disconnected")
                     return
 
