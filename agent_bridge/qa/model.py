@@ -132,10 +132,11 @@ RegionLike: TypeAlias = Box | Sequence[int]
 def pointer_box(point: Point) -> Box:
     """Where the cursor image may be drawn when the pointer's hotspot is at ``point``.
 
-    24x28 px from 2 px above and left of the hotspot: X cursors (``left_ptr`` and most
-    themes at their default size) point up-left and fit in it.
+    40x44 px around the hotspot (16 px up and left, 24/28 px right and down): X cursors at
+    their default size fit in it, both those pointing up-left from the hotspot
+    (``left_ptr``) and those centred on it (xterm's I-beam, ``hand2``, ``fleur``).
     """
-    return Box(point.x - 2, point.y - 2, 24, 28)
+    return Box(point.x - 16, point.y - 16, 40, 44)
 
 
 def as_box(region: RegionLike) -> Box:

@@ -7,7 +7,10 @@ the last frame, the recording's path) into files in one directory::
     expected.png       the reference with its areas outlined (or the "before" frame)
     actual.png         the frame the verdict rests on, best candidate outlined
     diff.png           where they differ (see agent_bridge.qa.match.diff_overlay)
-    side-by-side.png   the three in one image, for CI servers that show one attachment
+    expected-area.png, actual-area.png, diff-area.png
+                       the same three cut to the worst match area (reference checks)
+    side-by-side.png   three in one image (the close-up when there is one), for CI
+                       servers that show one attachment
     last-frame.png     the screen when the test failed
 
 It returns the paths and the figures (best score, where, frame number and time, recording)
@@ -27,7 +30,7 @@ import cv2
 import numpy as np
 
 from agent_bridge.qa.errors import Evidence
-from agent_bridge.qa.match import annotate, changed, diff_overlay
+from agent_bridge.qa.match import annotate, changed, crop, diff_overlay
 from agent_bridge.qa.model import Box, Frame
 from agent_bridge.qa.refs import encode_png
 
@@ -38,6 +41,7 @@ _RED = (230, 40, 40)
 _AMBER = (250, 180, 0)
 _BLUE = (40, 120, 240)
 _PANEL_HEIGHT_PX = 400
+_CONTEXT_PX = 12  # around an area in the close-up panels
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,16 @@ def _side_by_side(panels: Sequence[tuple[str, np.ndarray[Any, Any]]]) -> np.ndar
     return np.hstack(parts)
 
 
+def _crop_padded(pixels: np.ndarray[Any, Any], box: Box) -> np.ndarray[Any, Any]:
+    """``box`` of ``pixels``; the parts outside the image are grey."""
+    out = np.full((box.height, box.width, 3), 128, dtype=np.uint8)
+    inside = box.clipped(pixels.shape[1], pixels.shape[0])
+    if inside is not None:
+        local = inside.shifted(-box.x, -box.y)
+        out[local.y : local.y1, local.x : local.x1] = crop(pixels, inside)
+    return out
+
+
 def _images_for(evidence: Evidence) -> dict[str, np.ndarray[Any, Any]]:
     """expected / actual / diff arrays for one piece of evidence."""
     out: dict[str, np.ndarray[Any, Any]] = {}
@@ -99,6 +113,13 @@ def _images_for(evidence: Evidence) -> dict[str, np.ndarray[Any, Any]]:
             colour = _GREEN if cand.ok else _RED
             out["actual"] = annotate(frame.pixels, [*region_box, (cand.box, colour)])
             out["diff"] = diff_overlay(frame.pixels, ref, cand)
+            # A closer look at the worst area: the reference's pixels, the frame's at the
+            # best position, and the difference, each with a little context around.
+            hit = min(cand.hits, key=lambda h: h.score - h.threshold)
+            pad = _CONTEXT_PX
+            out["expected_area"] = _crop_padded(expected, hit.area.box.grown(pad))
+            out["actual_area"] = _crop_padded(frame.pixels, hit.box.grown(pad))
+            out["diff_area"] = _crop_padded(out["diff"], hit.box.grown(pad))
     elif evidence.before is not None and frame is not None:
         out["expected"] = annotate(evidence.before.pixels, region_box)
         out["actual"] = annotate(frame.pixels, region_box)
@@ -192,31 +213,46 @@ def write_report(
         prefix = "" if index == 0 else f"check{index + 1}-"
         arrays = _images_for(item)
         figures: list[str] = []
-        labels = {"expected": "expected", "actual": "actual", "diff": "difference"}
+        labels = {
+            "expected": "expected",
+            "actual": "actual",
+            "diff": "difference",
+            "expected_area": "expected (the area)",
+            "actual_area": "actual (at the best position)",
+            "diff_area": "difference (red: differs, amber: excluded)",
+        }
         if item.kind in ("change", "still"):
-            labels = {"expected": "before", "actual": "after", "diff": "difference"}
-        for role in ("expected", "actual", "diff"):
-            if role in arrays:
+            labels.update(expected="before", actual="after")
+        close_up = ("expected_area", "actual_area", "diff_area")
+        rows: list[str] = []
+        for roles in (close_up, ("expected", "actual", "diff")):
+            row: list[str] = []
+            for role in roles:
+                if role not in arrays:
+                    continue
                 png = encode_png(np.ascontiguousarray(arrays[role]))
-                path = out_dir / f"{prefix}{role}.png"
+                path = out_dir / f"{prefix}{role.replace('_', '-')}.png"
                 path.write_bytes(png)
                 images[f"{prefix}{role}"] = path
-                figures.append(
+                row.append(
                     f'<figure><figcaption>{labels[role]}</figcaption><a href="{path.name}">'
                     f'<img alt="{labels[role]}" src="{_png_uri(png)}"></a></figure>'
                 )
-        panels = [(labels[r], arrays[r]) for r in ("expected", "actual", "diff") if r in arrays]
+            if row:
+                rows.append(f'<div class="row">{"".join(row)}</div>')
+        figures.extend(rows)
+        shown = close_up if "expected_area" in arrays else ("expected", "actual", "diff")
+        panels = [(labels[r].split(" (")[0], arrays[r]) for r in shown if r in arrays]
         if len(panels) > 1:
             path = out_dir / f"{prefix}side-by-side.png"
             path.write_bytes(encode_png(np.ascontiguousarray(_side_by_side(panels))))
             images[f"{prefix}side_by_side"] = path
         facts = _facts(item, recording)
-        rows = "".join(
+        fact_rows = "".join(
             f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts
         )
         sections.append(
-            f"<h2>{html.escape(item.title)}</h2><table>{rows}</table>"
-            f'<div class="row">{"".join(figures)}</div>'
+            f"<h2>{html.escape(item.title)}</h2><table>{fact_rows}</table>{''.join(figures)}"
         )
         if item.words:
             read = " ".join(w.text for w in item.words)
