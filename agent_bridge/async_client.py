@@ -34,10 +34,11 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -64,7 +65,12 @@ from agent_bridge.client import (
     socket_url,
     stream_url,
 )
+from agent_bridge.qa.checks import AsyncVisualChecks
+from agent_bridge.qa.model import DEFAULT_TIMEOUT_S, Frame, Match, Point
 from orchestrator.errors import DeskvmError, SessionClosed
+
+if TYPE_CHECKING:
+    from agent_bridge.qa.match import Reference
 
 __all__ = ["AsyncClient", "AsyncFrameStream", "AsyncSession"]
 
@@ -273,13 +279,18 @@ class AsyncClient:
             raise BridgeConnectionError(f"cannot open WebSocket {ws_url}: {exc}") from exc
 
 
-class AsyncSession:
+class AsyncSession(AsyncVisualChecks):
     """One session, driven over its WebSocket; ``async with`` deletes it on exit.
 
     The methods are those of :class:`agent_bridge.client.Session`, awaitable. Every action
     raises :class:`RemoteError` for an error reply (the session stays usable),
     :class:`~orchestrator.errors.SessionClosed` if the session ended and
     :class:`BridgeConnectionError` for transport failures.
+
+    Visual checks, awaitable (:class:`~agent_bridge.qa.checks.AsyncVisualChecks`, see
+    docs/qa.md): ``await wait_for(ref)``, ``wait_gone``, ``exists``, ``click(ref)``,
+    ``async with expect_change()``, ``wait_still``, ``find_text``, ``read_text``;
+    matching and OCR run in worker threads.
 
     Args:
         client: the REST client it belongs to.
@@ -433,6 +444,7 @@ class AsyncSession:
         """Move the pointer to ``(x, y)``."""
         await self._do("move", x=x, y=y)
 
+    @overload
     async def click(
         self,
         x: int | None = None,
@@ -441,9 +453,59 @@ class AsyncSession:
         count: int = 1,
         *,
         hold: str | None = None,
-    ) -> None:
-        """Click ``count`` (1..3) times at ``(x, y)`` (or where the pointer is)."""
+    ) -> None: ...
+
+    @overload
+    async def click(
+        self,
+        x: str | Reference | Match,
+        *,
+        button: ButtonName = "left",
+        count: int = 1,
+        hold: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Match: ...
+
+    async def click(
+        self,
+        x: int | str | Reference | Match | None = None,
+        y: int | None = None,
+        button: ButtonName = "left",
+        count: int = 1,
+        *,
+        hold: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Match | None:
+        """Click ``count`` (1..3) times at ``(x, y)`` (or where the pointer is), or on a
+        reference (see :meth:`agent_bridge.client.Session.click`)."""
+        if x is not None and not isinstance(x, int | float):  # a reference or a match
+            if y is not None:
+                raise TypeError("click(ref) takes no y coordinate")
+            return await self.click_ref(
+                x, timeout_s=timeout_s, button=button, count=count, hold=hold
+            )
         await self._do("click", x=x, y=y, button=button, count=count, hold=hold)
+        return None
+
+    async def _qa_frame(self) -> Frame:
+        """The whole screen at full resolution with its place in the recording and the
+        pointer (see :meth:`agent_bridge.client.Session._qa_frame`); decoded in a thread."""
+        from agent_bridge.qa.refs import decode_png
+
+        mono_s = time.monotonic()
+        pointer = Point(*await self.cursor_position())
+        if self.query.get("scale_to") or self.query.get("max_long_edge"):
+            info = self.info_at_start
+            shot = await self.zoom((0, 0, info.width, info.height))
+        else:
+            shot = await self.screenshot()
+        pixels = await asyncio.to_thread(decode_png, shot.png, where="screenshot")
+        return Frame(pixels, shot.frame_seq, shot.t_s, shot.png, mono_s, pointer)
+
+    async def _qa_click_at(
+        self, point: Point, *, button: str, count: int, hold: str | None
+    ) -> None:
+        await self._do("click", x=point.x, y=point.y, button=button, count=count, hold=hold)
 
     async def double_click(
         self, x: int | None = None, y: int | None = None, button: ButtonName = "left"
