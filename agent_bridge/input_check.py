@@ -81,9 +81,17 @@ class ProbeReader:
         return len(self.session.guest_log())
 
     def events(self, since: int = 0) -> list[Event]:
-        """The probe's events after character offset ``since`` of the guest log."""
+        """The probe's events after character offset ``since`` of the guest log.
+
+        The guest log is rotated (virtlogd keeps 2 MiB per file, and the probe echoes its
+        whole text field on every change): a log shorter than ``since`` was rotated, and
+        its events are all new.
+        """
+        log = self.session.guest_log()
+        if len(log) < since:
+            since = 0
         out: list[Event] = []
-        for line in self.session.guest_log()[since:].splitlines():
+        for line in log[since:].splitlines():
             line = line.strip()
             if line.startswith("{"):
                 try:
@@ -264,7 +272,7 @@ def measure_typing(
     at = min(len(got), len(text)) if at is None else at
     detail = (
         f"field has {len(got)} chars; first difference at {at}: "
-        f"got {got[at:at + 12]!r}, want {text[at:at + 12]!r}"
+        f"got {got[at : at + 12]!r}, want {text[at : at + 12]!r}"
     )
     return TypingRun(chars, sent_s, seen_s, False, detail)
 

@@ -4,6 +4,12 @@ Events sent back to back with no pacing lose keystrokes under TCG (measured: see
 ARCHITECTURE.md), so every key and button transition is its own batch followed by a
 pause. Every plan releases whatever it pressed, so no modifier stays latched.
 
+With *key flow control* (the display waits until the guest has room for each key batch,
+see :mod:`orchestrator.display.qmp`) keys need no fixed pause: key steps pause
+:attr:`Pacing.key_flow_s` instead of :attr:`Pacing.key_s`, and each character of typed
+text is one batch (its modifier presses, key press and release, modifier releases), which
+cuts the round trips to QEMU per character from two or four to one.
+
 Two inputs have no QEMU path and become :class:`HelperStep` requests to the in-guest helper
 (:mod:`orchestrator.display.guest_helper`): text with a character that has no key on the US
 layout (the whole text goes to the helper, so its characters stay in order), and the
@@ -13,7 +19,7 @@ horizontal wheel when the display has none (QEMU before 8.1).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias
 
 from agent_bridge.protocol.actions import (
@@ -47,7 +53,10 @@ class Pacing:
     """Pauses between input batches, in seconds.
 
     Attributes:
-        key_s: after each key press or release. Measured with ``bench/input_typing.py``
+        key_s: after each key press or release, when keys are paced by time (no key flow
+            control: a QEMU without ``x-query-virtio-queue-element``, or a guest without a
+            virtio-input driver, whose keys QEMU gives to the PS/2 keyboard). Measured on
+            the PS/2 keyboard with ``bench/input_typing.py``
             (TCG guest, 2 shared host cores, probe text field, 3 x 400 printable ASCII
             characters per setting, all exact): 12 ms -> 18-19 chars/s, 4 ms -> 34-39,
             0 ms -> 60-68 on a quiet host. But the guest's PS/2 queue holds 16 bytes (about
@@ -59,6 +68,8 @@ class Pacing:
             toolkits' double-click time, typically 400 ms).
         drag_step_s: between the intermediate moves of a drag.
         wheel_s: after each wheel notch.
+        key_flow_s: after each key batch when the display has key flow control (the guest's
+            acknowledgement paces keys, so no pause is needed for exactness).
     """
 
     key_s: float = 0.012
@@ -66,6 +77,7 @@ class Pacing:
     multi_click_gap_s: float = 0.04
     drag_step_s: float = 0.02
     wheel_s: float = 0.02
+    key_flow_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +135,13 @@ def _tap(combo: KeyCombo, pacing: Pacing) -> list[Step]:
     return _press(combo, pacing) + _release(combo, pacing)
 
 
+def _tap_batch(combo: KeyCombo, pacing: Pacing) -> Step:
+    """One batch pressing and releasing ``combo`` (for displays with key flow control)."""
+    events = [KeyEvent(q, True) for q in combo.qcodes]
+    events += [KeyEvent(q, False) for q in reversed(combo.qcodes)]
+    return Step(tuple(events), pacing.key_s)
+
+
 def _move(x: int | None, y: int | None, pacing: Pacing) -> list[Step]:
     if x is None or y is None:
         return []
@@ -162,6 +181,7 @@ def plan_action(
     *,
     horizontal_wheel: bool = True,
     cursor: tuple[int, int] = (0, 0),
+    key_flow_control: bool = False,
 ) -> list[PlanStep]:
     """The paced input steps that carry out ``action`` (empty for non-input actions).
 
@@ -175,17 +195,25 @@ def plan_action(
             horizontal scrolling is a :class:`HelperStep`.
         cursor: where the pointer is before the action (display pixels), for scrolls
             without coordinates done by the helper.
+        key_flow_control: the display waits for the guest before each key batch: key
+            steps pause ``pacing.key_flow_s`` and each typed character is one batch.
 
     Returns:
         :class:`Step` batches for QEMU and :class:`HelperStep` requests, in order. Text
         with a character that has no US key is one ``HelperStep("type")`` for the whole
         text; the caller decides whether a helper is there to take it.
     """
-    return list(_plan(action, pacing, horizontal_wheel, cursor))
+    if key_flow_control:
+        pacing = replace(pacing, key_s=pacing.key_flow_s)
+    return list(_plan(action, pacing, horizontal_wheel, cursor, key_flow_control))
 
 
 def _plan(
-    action: Action, pacing: Pacing, horizontal_wheel: bool, cursor: tuple[int, int]
+    action: Action,
+    pacing: Pacing,
+    horizontal_wheel: bool,
+    cursor: tuple[int, int],
+    batch_chars: bool,
 ) -> Sequence[PlanStep]:
     match action:
         case Move(x=x, y=y, hold=hold):
@@ -234,6 +262,8 @@ def _plan(
                 combos = text_to_combos(text)
             except ActionError:
                 return [HelperStep("type", {"text": text}, pacing.key_s)]
+            if batch_chars:
+                return [_tap_batch(combo, pacing) for combo in combos]
             steps = []
             for combo in combos:
                 steps += _tap(combo, pacing)

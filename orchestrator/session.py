@@ -261,6 +261,7 @@ class Session:
         self._recorder = recorder
         self._clock = clock or SystemClock()
         self._pacing = pacing or Pacing()
+        self._key_flow: bool | None = None
         self._nic = nic
         self._egress = egress if spec.egress is not None else None
         self._egress_attached = False
@@ -761,7 +762,13 @@ class Session:
         hwheel = True
         if isinstance(action, Scroll) and action.dx:
             hwheel = self._domain.display.horizontal_wheel()
-        steps = plan_action(action, self._pacing, horizontal_wheel=hwheel, cursor=self._cursor)
+        steps = plan_action(
+            action,
+            self._pacing,
+            horizontal_wheel=hwheel,
+            cursor=self._cursor,
+            key_flow_control=self._key_flow_control(),
+        )
         needs = next((s for s in steps if isinstance(s, HelperStep)), None)
         if needs is None:
             return steps
@@ -794,6 +801,13 @@ class Session:
             f"scrolls instead is not available: {reason}",
             code="unsupported_input",
         )
+
+    def _key_flow_control(self) -> bool:
+        """Whether the display paces keys by the guest's acknowledgement (asked once)."""
+        if self._key_flow is None:
+            assert self._domain is not None
+            self._key_flow = self._domain.display.key_flow_control()
+        return self._key_flow
 
     @staticmethod
     def _check_helper_text(text: str, hello: Mapping[str, Any], action: Action) -> None:

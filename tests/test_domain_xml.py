@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.display.qmp import keyboard_qom_path
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
-from orchestrator.hypervisor.domain_xml import domain_name, render_domain_xml, session_id_of
+from orchestrator.hypervisor.domain_xml import (
+    KEYBOARD_ALIAS,
+    domain_name,
+    render_domain_xml,
+    session_id_of,
+)
 from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -158,3 +164,16 @@ def test_a_direct_boot_image_needs_kernel_and_initrd() -> None:
 
     with pytest.raises(ConfigError, match="no kernel/initrd"):
         dataclasses.replace(IMAGE, kernel_path=None)
+
+
+def test_the_keyboard_is_virtio_under_the_alias_the_display_reads() -> None:
+    """Key flow control reads the keyboard's queue at the QOM path of its libvirt alias."""
+    dom = ET.fromstring(render_domain_xml(SPEC, PATHS, accel="tcg", created=CREATED))
+    (keyboard,) = [i for i in dom.iterfind("devices/input") if i.get("type") == "keyboard"]
+    assert keyboard.get("bus") == "virtio"
+    alias = keyboard.find("alias")
+    assert alias is not None and alias.get("name") == KEYBOARD_ALIAS
+    # libvirt requires user aliases to start with "ua-"; QEMU names the device by its id.
+    assert KEYBOARD_ALIAS.startswith("ua-")
+    path = keyboard_qom_path(KEYBOARD_ALIAS)
+    assert path == "/machine/peripheral/ua-deskvm-keyboard/virtio-backend"

@@ -35,6 +35,33 @@ def test_each_transition_is_its_own_paced_batch() -> None:
     assert len(steps) == 2 + 4
 
 
+def test_with_key_flow_control_each_character_is_one_batch_without_a_pause() -> None:
+    """The display waits for the guest's keyboard queue: no fixed pause, one round trip per
+    character (its modifier, press, release), and the same events in the same order."""
+    pacing = Pacing(key_s=0.012, key_flow_s=0.001)
+    action = parse_deskvm_action({"action": "type", "text": "aB~"})
+    steps = plan_action(action, pacing, key_flow_control=True)
+    assert [s.events for s in steps] == [
+        (KeyEvent("a", True), KeyEvent("a", False)),
+        (KeyEvent("shift", True), KeyEvent("b", True), KeyEvent("b", False),
+         KeyEvent("shift", False)),
+        (KeyEvent("shift", True), KeyEvent("grave_accent", True),
+         KeyEvent("grave_accent", False), KeyEvent("shift", False)),
+    ]  # fmt: skip
+    assert all(s.pause_s == 0.001 for s in steps)
+    paced = [e for s in plan_action(action, pacing) for e in s.events]
+    assert [e for s in steps for e in s.events] == paced
+
+
+def test_with_key_flow_control_key_combos_keep_one_transition_per_batch() -> None:
+    """Shortcuts keep their transitions apart (window managers and grabs see each)."""
+    pacing = Pacing(key_s=0.012, key_flow_s=0.0)
+    action = parse_deskvm_action({"action": "key", "keys": "alt+F4"})
+    steps = plan_action(action, pacing, key_flow_control=True)
+    assert [len(s.events) for s in steps] == [1, 1, 1, 1]
+    assert all(s.pause_s == 0.0 for s in steps)
+
+
 def test_double_click_is_two_press_release_pairs_at_one_point() -> None:
     assert events({"action": "double_click", "x": 3, "y": 4}) == [
         AbsMove(3, 4),

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from orchestrator.display import qmp
-from orchestrator.display.base import AbsMove, KeyEvent, WheelEvent
+from orchestrator.display.base import AbsMove, ButtonEvent, KeyEvent, WheelEvent
 from orchestrator.display.qmp import QmpDisplay
 from orchestrator.errors import DisplayError
 
@@ -28,15 +28,17 @@ class Monitor:
         parsed = json.loads(command)
         self.commands.append(parsed)
         reply = self.replies[parsed["execute"]]
+        if callable(reply):
+            reply = reply()
         return reply if isinstance(reply, str) else json.dumps({"return": reply})
 
 
 def display(
-    monkeypatch: pytest.MonkeyPatch, replies: dict[str, Any]
+    monkeypatch: pytest.MonkeyPatch, replies: dict[str, Any], **kwargs: Any
 ) -> tuple[QmpDisplay, Monitor]:
     monitor = Monitor(replies)
     monkeypatch.setattr(qmp.libvirt_qemu, "qemuMonitorCommand", monitor)
-    return QmpDisplay(object(), object()), monitor  # type: ignore[arg-type]
+    return QmpDisplay(object(), object(), **kwargs), monitor  # type: ignore[arg-type]
 
 
 def _version(major: int, minor: int) -> dict[str, Any]:
@@ -173,3 +175,159 @@ def test_screendump_falls_back_to_libvirt_when_fd_sets_fail(
 def test_bad_ppm_is_a_display_error(data: bytes) -> None:
     with pytest.raises(DisplayError):
         qmp.parse_ppm(data)
+
+
+KEYBOARD = qmp.keyboard_qom_path("ua-deskvm-keyboard")
+
+
+class VirtioKeyboard:
+    """The guest side of a virtio keyboard's event queue (64 buffers), as QMP shows it.
+
+    ``input-send-event`` uses one buffer per key event plus one for the report's
+    ``SYN_REPORT`` (dropping the report when there are not enough, as QEMU does); the guest
+    gives buffers back only when :meth:`refill` is called (its interrupt handler ran).
+    """
+
+    def __init__(self, size: int = 64, posted: int = 64) -> None:
+        self.size, self.avail, self.used = size, posted, 0
+        self.delivered: list[str] = []
+        self.dropped = 0
+
+    def status(self) -> dict[str, Any]:
+        return {"vring-num": self.size, "last-avail-idx": self.used, "used-idx": self.used}
+
+    def element(self) -> dict[str, Any]:
+        return {"avail": {"idx": self.avail & 0xFFFF}, "used": {"idx": self.used & 0xFFFF}}
+
+    def send(self, events: list[dict[str, Any]]) -> None:
+        keys = [e for e in events if e["type"] == "key"]
+        if self.avail - self.used < len(keys) + 1:
+            self.dropped += len(keys)
+            return
+        self.used += len(keys) + 1
+        self.delivered += [
+            ("+" if e["data"]["down"] else "-") + e["data"]["key"]["data"] for e in keys
+        ]
+
+    def refill(self) -> None:
+        self.avail = self.used + self.size
+
+
+def keyboard_display(
+    monkeypatch: pytest.MonkeyPatch, kbd: VirtioKeyboard, on_query: Any = None, **kwargs: Any
+) -> tuple[QmpDisplay, Monitor]:
+    def element() -> dict[str, Any]:
+        if on_query is not None:
+            on_query()
+        return kbd.element()
+
+    monitor: Monitor
+
+    def send_event() -> dict[str, Any]:
+        kbd.send(monitor.commands[-1]["arguments"]["events"])
+        return {}
+
+    d, monitor = display(
+        monkeypatch,
+        {
+            "x-query-virtio-queue-status": kbd.status,
+            "x-query-virtio-queue-element": element,
+            "input-send-event": send_event,
+        },
+        keyboard_path=KEYBOARD,
+        **kwargs,
+    )
+    return d, monitor
+
+
+def test_key_flow_control_needs_the_query_command_and_posted_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d, monitor = keyboard_display(monkeypatch, VirtioKeyboard())
+    assert d.key_flow_control() is True
+    assert d.key_flow_control() is True
+    queried = [c for c in monitor.commands if c["execute"].startswith("x-query-virtio")]
+    assert len(queried) == 2  # asked once
+    assert queried[0]["arguments"] == {"path": KEYBOARD, "queue": 0}
+    # A guest without a virtio-input driver posts nothing: QEMU gives keys to PS/2.
+    d, _ = keyboard_display(monkeypatch, VirtioKeyboard(posted=0))
+    assert d.key_flow_control() is False
+    # QEMU before 7.2 has no x-query-virtio-queue-status.
+    missing = '{"error": {"class": "CommandNotFound", "desc": "no"}}'
+    d, _ = display(monkeypatch, {"x-query-virtio-queue-status": missing}, keyboard_path=KEYBOARD)
+    assert d.key_flow_control() is False
+    d, monitor = display(monkeypatch, {})
+    assert d.key_flow_control() is False and monitor.commands == []  # no keyboard path
+
+
+def test_keys_wait_for_the_guest_and_none_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    kbd = VirtioKeyboard()
+    queries = 0
+
+    def stalled_guest() -> None:
+        # The guest gives its buffers back only every third look.
+        nonlocal queries
+        queries += 1
+        if queries % 3 == 0:
+            kbd.refill()
+
+    d, _ = keyboard_display(monkeypatch, kbd, stalled_guest)
+    assert d.key_flow_control()
+    want = []
+    for i in range(300):
+        q = "abc"[i % 3]
+        d.send([KeyEvent("shift", True), KeyEvent(q, True)], width_px=8, height_px=8)
+        d.send([KeyEvent(q, False), KeyEvent("shift", False)], width_px=8, height_px=8)
+        want += ["+shift", f"+{q}", f"-{q}", "-shift"]
+    assert kbd.dropped == 0
+    assert kbd.delivered == want
+
+
+def test_without_flow_control_a_full_queue_loses_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model drops as QEMU does: what flow control is there to prevent."""
+    kbd = VirtioKeyboard()
+    d, _ = keyboard_display(monkeypatch, kbd)
+    monkeypatch.setattr(d, "key_flow_control", lambda: False)
+    for _ in range(40):
+        d.send([KeyEvent("a", True)], width_px=8, height_px=8)
+        d.send([KeyEvent("a", False)], width_px=8, height_px=8)
+    assert kbd.dropped > 0
+
+
+def test_a_guest_that_takes_no_keys_is_an_error_not_a_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kbd = VirtioKeyboard()
+    d, _ = keyboard_display(monkeypatch, kbd, key_room_timeout_s=0.05)
+    for _ in range(32):  # 64 buffers: 32 one-key reports
+        d.send([KeyEvent("a", True)], width_px=8, height_px=8)
+    with pytest.raises(DisplayError, match="took no keyboard input") as info:
+        d.send([KeyEvent("a", False)], width_px=8, height_px=8)
+    assert info.value.code == "guest_not_taking_input"
+    assert kbd.dropped == 0
+
+
+def test_nonsense_ring_indexes_count_as_one_queue_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hostile guest may write any avail index: the host never counts on more than a
+    queue's worth of buffers between two looks."""
+    kbd = VirtioKeyboard()
+    kbd.avail = 40_000
+    d, monitor = keyboard_display(monkeypatch, kbd)
+    assert d.key_flow_control()
+    for _ in range(200):
+        d.send([KeyEvent("a", True)], width_px=8, height_px=8)
+    kinds = [c["execute"] for c in monitor.commands]
+    runs = "".join("q" if k.startswith("x-query") else "s" for k in kinds).split("q")
+    assert max(len(run) for run in runs) <= 32  # 64 buffers / 2 per one-key report
+
+
+def test_pointer_events_do_not_wait_for_the_keyboard(monkeypatch: pytest.MonkeyPatch) -> None:
+    kbd = VirtioKeyboard()
+    d, monitor = keyboard_display(monkeypatch, kbd, key_room_timeout_s=0.05)
+    assert d.key_flow_control()
+    kbd.avail = kbd.used  # the guest stops taking events: its keyboard queue is full
+    sent = len(monitor.commands)
+    d.send([AbsMove(1, 1), ButtonEvent("left", True)], width_px=8, height_px=8)
+    assert [c["execute"] for c in monitor.commands[sent:]] == ["input-send-event"]

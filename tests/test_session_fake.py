@@ -63,6 +63,20 @@ def test_typed_line_reaches_the_fake_guest_log() -> None:
         assert session.held() == (set(), set())
 
 
+def test_with_key_flow_control_typed_text_goes_one_character_per_batch() -> None:
+    hv = FakeHypervisor()
+    with make(hv) as session:
+        display = hv.domains[session.id].display
+        display.has_key_flow_control = True
+        before = display.batches
+        act(session, action="type", text="Hi there\n")
+        assert display.batches - before == len("Hi there\n")
+        act(session, action="key", keys="ctrl+c")
+        assert display.batches - before == len("Hi there\n") + 4
+        assert b"Hi there\n" in session.guest_log()
+        assert session.held() == (set(), set())
+
+
 def test_screenshot_result_and_frame_event() -> None:
     recorder = MemoryRecorder(FakeClock())
     with make(recorder=recorder) as session:

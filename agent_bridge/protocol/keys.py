@@ -94,7 +94,9 @@ _NAMED: dict[str, str] = {
     "left": "left", "arrowleft": "left", "right": "right", "arrowright": "right",
     "up": "up", "arrowup": "up", "down": "down", "arrowdown": "down",
     "space": "spc", "spc": "spc",
-    "menu": "menu", "apps": "menu",
+    # The PC "Menu" (application) key is Linux KEY_COMPOSE: QEMU qcode "compose" (its qcode
+    # "menu" is KEY_MENU, which X maps to XF86MenuKB, and PS/2 had no scancode for it).
+    "menu": "compose", "apps": "compose", "compose": "compose",
     "caps_lock": "caps_lock", "capslock": "caps_lock",
     "num_lock": "num_lock", "numlock": "num_lock",
     "scroll_lock": "scroll_lock", "scrolllock": "scroll_lock",

@@ -124,6 +124,15 @@ class DisplayBackend(Protocol):
         """Release what the backend holds for its domain (called once it is destroyed)."""
         ...
 
+    def key_flow_control(self) -> bool:
+        """Whether :meth:`send` waits until the guest can take key events.
+
+        When True, keys need no fixed pause between them: the guest's own acknowledgement
+        paces them (see :mod:`orchestrator.display.qmp`). When False, the caller must pace
+        them by time.
+        """
+        ...
+
     def send(self, events: Sequence[InputEvent], *, width_px: int, height_px: int) -> None:
         """Inject ``events`` in one batch (the guest sees them in order, back to back).
 

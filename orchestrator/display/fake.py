@@ -44,6 +44,8 @@ class FakeDisplay:
         boot_screens: how many screendumps show a boot console first (a text screen of
             ``boot_size_px``, as a real guest shows before X starts).
         boot_size_px: the boot console's size.
+        key_flow_control: what :meth:`key_flow_control` answers (a virtio keyboard whose
+            queue the host can read).
     """
 
     def __init__(
@@ -56,10 +58,12 @@ class FakeDisplay:
         horizontal_wheel: bool = True,
         boot_screens: int = 0,
         boot_size_px: tuple[int, int] = (720, 400),
+        key_flow_control: bool = False,
     ) -> None:
         self.boot_screens = boot_screens
         self.boot_size_px = boot_size_px
         self.has_horizontal_wheel = horizontal_wheel
+        self.has_key_flow_control = key_flow_control
         self.width_px = width_px
         self.height_px = height_px
         self.background_rgb = background_rgb
@@ -98,6 +102,9 @@ class FakeDisplay:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def key_flow_control(self) -> bool:
+        return self.has_key_flow_control
 
     def type_text(self, text: str) -> None:
         """Text as the guest helper types it (XTEST): any character, ``\n`` is Return."""

@@ -11,6 +11,18 @@ fd sets) the first screendump falls back to ``virDomainScreenshot`` for good.
 Input goes in as QMP ``input-send-event`` through ``libvirt_qemu.qemuMonitorCommand``
 (QEMU QMP reference, ``InputEvent``). Both work before any login and on any guest OS,
 and the guest cannot forge what they show.
+
+Key flow control. The keyboard is a virtio keyboard (``virtio-keyboard-pci``): QEMU puts
+each key event, and the ``SYN_REPORT`` that ends each ``input-send-event``, into one of the
+event buffers the guest's driver has posted on the device's event queue (Linux posts 64),
+and *drops the whole report* when there are not enough. The guest gives a buffer back as
+soon as its interrupt handler has passed the event to the input layer. So the number of
+posted, unused buffers is the guest's own acknowledgement that the keys before arrived:
+:meth:`QmpDisplay.send` reads it (``x-query-virtio-queue-element``: the avail and used
+ring indexes) and waits until the guest has room for the report before sending it. Keys
+then need no fixed pause, and a guest that stalls (a loaded host) slows typing down
+instead of losing keys. Without the command (QEMU < 7.2) or a keyboard that posts buffers,
+there is no flow control and the caller paces keys by time.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import logging
 import os
 import re
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +54,14 @@ from orchestrator.display.base import (
 )
 from orchestrator.errors import DisplayError
 
-__all__ = ["HORIZONTAL_WHEEL_SINCE", "QmpDisplay", "parse_ppm", "qmp_event"]
+__all__ = [
+    "HORIZONTAL_WHEEL_SINCE",
+    "KEY_ROOM_TIMEOUT_S",
+    "QmpDisplay",
+    "keyboard_qom_path",
+    "parse_ppm",
+    "qmp_event",
+]
 
 log = logging.getLogger("deskvm.display")
 
@@ -72,6 +92,18 @@ def _close_fds(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+KEY_ROOM_TIMEOUT_S = 10.0
+"""How long :meth:`QmpDisplay.send` waits for the guest to take key events, seconds."""
+
+_KEY_ROOM_POLL_S = 0.002
+
+
+def keyboard_qom_path(alias: str) -> str:
+    """QOM path of the virtio device behind a libvirt device alias (``x-query-virtio``)."""
+    return f"/machine/peripheral/{alias}/virtio-backend"
+
 
 HORIZONTAL_WHEEL_SINCE = (8, 1)
 """First QEMU (major, minor) whose virtio tablet delivers horizontal wheel events."""
@@ -108,9 +140,24 @@ def qmp_event(event: InputEvent, *, width_px: int, height_px: int) -> list[dict[
 
 
 class QmpDisplay:
-    """:class:`~orchestrator.display.base.DisplayBackend` for one libvirt domain."""
+    """:class:`~orchestrator.display.base.DisplayBackend` for one libvirt domain.
 
-    def __init__(self, conn: libvirt.virConnect, dom: libvirt.virDomain) -> None:
+    Args:
+        conn: the libvirt connection.
+        dom: the running domain.
+        keyboard_path: QOM path of the domain's virtio keyboard (:func:`keyboard_qom_path`)
+            for key flow control; ``None``: no flow control.
+        key_room_timeout_s: how long :meth:`send` waits for the guest to take key events.
+    """
+
+    def __init__(
+        self,
+        conn: libvirt.virConnect,
+        dom: libvirt.virDomain,
+        *,
+        keyboard_path: str | None = None,
+        key_room_timeout_s: float = KEY_ROOM_TIMEOUT_S,
+    ) -> None:
         self._conn = conn
         self._dom = dom
         self._lock = threading.Lock()
@@ -120,6 +167,12 @@ class QmpDisplay:
         self._fdset: int | None = None
         self._fds: list[int] = []  # [memfd read/write, the write-only fd QEMU holds a dup of]
         self._finalizer = weakref.finalize(self, _close_fds, self._fds)
+        self._keyboard_path = keyboard_path
+        self._key_room_timeout_s = key_room_timeout_s
+        self._key_flow: bool | None = None if keyboard_path is not None else False
+        self._queue_size = 0
+        self._key_room = 0
+        """Event buffers the guest had posted at the last look, minus what was sent since."""
 
     def screendump(self) -> Image.Image:
         with self._lock:
@@ -223,8 +276,63 @@ class QmpDisplay:
             self._hwheel = (major, minor) >= HORIZONTAL_WHEEL_SINCE
         return self._hwheel
 
-    def _command(self, execute: str) -> Any:
-        command = json.dumps({"execute": execute})
+    def key_flow_control(self) -> bool:
+        """Whether :meth:`send` waits for the guest to take key events (asked once).
+
+        True when QEMU answers ``x-query-virtio-queue-element`` for the keyboard and the
+        guest's driver has posted event buffers on it (see the module docstring).
+        """
+        if self._key_flow is None:
+            self._key_flow = self._probe_key_flow()
+        return self._key_flow
+
+    def _probe_key_flow(self) -> bool:
+        assert self._keyboard_path is not None
+        args = {"path": self._keyboard_path, "queue": 0}
+        try:
+            status = self._command("x-query-virtio-queue-status", args)
+            self._queue_size = int(status["vring-num"])
+            room = self._keyboard_room()
+        except (DisplayError, KeyError, TypeError, ValueError):
+            return False
+        # No buffer ever posted or used: the guest has no driver for the virtio keyboard,
+        # and QEMU hands keys to the PS/2 keyboard instead.
+        return self._queue_size > 0 and room > 0
+
+    def _keyboard_room(self) -> int:
+        """Event buffers the guest has posted and QEMU not yet used (0..queue size)."""
+        assert self._keyboard_path is not None
+        args = {"path": self._keyboard_path, "queue": 0}
+        element = self._command("x-query-virtio-queue-element", args)
+        try:
+            avail, used = int(element["avail"]["idx"]), int(element["used"]["idx"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DisplayError(f"x-query-virtio-queue-element gave {element!r}") from exc
+        # 16-bit ring indexes; a guest that writes nonsense gets at most a queue's worth.
+        return min((avail - used) & 0xFFFF, self._queue_size)
+
+    def _wait_key_room(self, need: int) -> None:
+        need = min(need, self._queue_size)
+        if self._key_room >= need:
+            return
+        deadline = time.monotonic() + self._key_room_timeout_s
+        while True:
+            self._key_room = self._keyboard_room()
+            if self._key_room >= need:
+                return
+            if time.monotonic() > deadline:
+                raise DisplayError(
+                    f"the guest took no keyboard input for {self._key_room_timeout_s:.0f} s "
+                    "(its virtio keyboard has no free event buffer): keys not sent",
+                    code="guest_not_taking_input",
+                )
+            time.sleep(_KEY_ROOM_POLL_S)
+
+    def _command(self, execute: str, arguments: dict[str, Any] | None = None) -> Any:
+        message: dict[str, Any] = {"execute": execute}
+        if arguments is not None:
+            message["arguments"] = arguments
+        command = json.dumps(message)
         with self._lock:
             try:
                 reply = libvirt_qemu.qemuMonitorCommand(self._dom, command, 0)
@@ -236,11 +344,24 @@ class QmpDisplay:
             raise DisplayError(f"{execute} gave an unexpected reply: {reply[:200]}") from exc
 
     def send(self, events: Sequence[InputEvent], *, width_px: int, height_px: int) -> None:
+        """Inject ``events`` as one ``input-send-event``.
+
+        With key flow control (:meth:`key_flow_control`), first waits until the guest has
+        posted an event buffer for each key event and the report's ``SYN_REPORT``.
+
+        Raises:
+            DisplayError: QEMU refused the events, or (``guest_not_taking_input``) the guest
+                took no key event for ``key_room_timeout_s``.
+        """
         qmp: list[dict[str, Any]] = []
         for event in events:
             qmp.extend(qmp_event(event, width_px=width_px, height_px=height_px))
         if not qmp:
             return
+        keys = sum(isinstance(event, KeyEvent) for event in events)
+        if keys and self.key_flow_control():
+            self._wait_key_room(keys + 1)
+            self._key_room -= keys + 1
         command = json.dumps({"execute": "input-send-event", "arguments": {"events": qmp}})
         with self._lock:
             try:

@@ -14,6 +14,7 @@ from orchestrator.spec import DisplaySpec, SessionSpec
 __all__ = [
     "CPU_PERIOD_US",
     "DOMAIN_PREFIX",
+    "KEYBOARD_ALIAS",
     "METADATA_NS",
     "NETWORK_CMDLINE",
     "TCG_TB_CACHE_MIB",
@@ -30,6 +31,8 @@ DOMAIN_PREFIX = "deskvm-"
 NETWORK_CMDLINE = "systemd.wants=systemd-networkd.service systemd.wants=systemd-resolved.service"
 """Appended to the kernel command line of domains with a NIC (see :func:`render_domain_xml`)."""
 METADATA_NS = "https://deskvm.dev/xmlns/session/1"
+KEYBOARD_ALIAS = "ua-deskvm-keyboard"
+"""libvirt user alias (``<alias name=...>``) of the session's virtio keyboard."""
 
 
 TCG_TB_CACHE_MIB = 256
@@ -99,12 +102,12 @@ def render_domain_xml(
     ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME`` when the spec asks for one)
     appended to the image's command line (images that boot themselves, ``boot`` ``bios`` or
     ``uefi``, get these options as SMBIOS OEM strings; UEFI without secure boot, the
-    variable store in ``paths.nvram``), a virtio tablet (absolute pointer), a PS/2
-    keyboard, a stdvga card whose EDID prefers the requested size, two file-backed serial
-    ports (console, guest log), a virtio-serial channel named ``spec.image.helper_port``
-    on the unix socket ``paths.helper_socket`` when the image has a guest helper, no
-    graphics server, no balloon, and a network interface
-    only when ``nic`` is given (then :data:`NETWORK_CMDLINE` is appended to the kernel
+    variable store in ``paths.nvram``), a virtio tablet (absolute pointer), a virtio
+    keyboard (alias :data:`KEYBOARD_ALIAS`), a stdvga card whose EDID prefers the
+    requested size, two file-backed serial ports (console, guest log), a virtio-serial
+    channel named ``spec.image.helper_port`` on the unix socket ``paths.helper_socket``
+    when the image has a guest helper, no graphics server, no balloon, and a network
+    interface only when ``nic`` is given (then :data:`NETWORK_CMDLINE` is appended to the kernel
     command line so that a systemd guest starts DHCP and its resolver). Every lifecycle
     event (poweroff, reboot, crash) destroys it.
     Limits: ``<cputune>`` CFS bandwidth when ``spec.cpu_quota_pct`` is set, and disk write
@@ -204,7 +207,13 @@ def render_domain_xml(
     # controller at all: one device model less facing the guest.
     _sub(devices, "controller", type="usb", model="none")
     _sub(devices, "input", type="tablet", bus="virtio")
-    _sub(devices, "input", type="keyboard", bus="ps2")
+    # The keyboard is virtio too: QEMU's PS/2 queue holds 16 bytes (about three shifted
+    # characters) and drops keys when a loaded host stalls the vCPU; the virtio keyboard's
+    # event queue lets the host see how many events the guest has taken (key flow control,
+    # see orchestrator.display.qmp). The machine's built-in PS/2 keyboard stays (libvirt 9
+    # cannot remove it) but receives nothing once the guest's virtio driver is up.
+    keyboard = _sub(devices, "input", type="keyboard", bus="virtio")
+    _sub(keyboard, "alias", name=KEYBOARD_ALIAS)
     for port, path in ((0, paths.console_log), (1, paths.guest_log)):
         serial = _sub(devices, "serial", type="file")
         _sub(serial, "source", path=str(path), append="off")

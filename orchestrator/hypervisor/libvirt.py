@@ -28,10 +28,11 @@ from pathlib import Path
 import libvirt
 
 from orchestrator.display.guest_helper import HelperChannel
-from orchestrator.display.qmp import QmpDisplay
+from orchestrator.display.qmp import QmpDisplay, keyboard_qom_path
 from orchestrator.errors import CapacityError, ConfigError, GuestHelperError, HypervisorError
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.hypervisor.domain_xml import (
+    KEYBOARD_ALIAS,
     METADATA_NS,
     domain_name,
     hard_limit_mib,
@@ -101,7 +102,7 @@ class LibvirtDomain:
         self._dom = dom
         self._session_id = session_id
         self._paths = paths
-        self._display = QmpDisplay(conn, dom)
+        self._display = QmpDisplay(conn, dom, keyboard_path=keyboard_qom_path(KEYBOARD_ALIAS))
         self._helper = helper
 
     @property

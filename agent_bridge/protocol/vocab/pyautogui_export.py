@@ -53,7 +53,7 @@ PYAUTOGUI_KEY_NAMES: dict[str, str] = {
     "spc": "space", "ret": "enter", "kp_enter": "enter", "tab": "tab", "esc": "esc",
     "backspace": "backspace", "delete": "delete", "insert": "insert", "home": "home",
     "end": "end", "pgup": "pageup", "pgdn": "pagedown", "left": "left", "right": "right",
-    "up": "up", "down": "down", "menu": "apps", "caps_lock": "capslock",
+    "up": "up", "down": "down", "compose": "apps", "caps_lock": "capslock",
     "num_lock": "numlock", "scroll_lock": "scrolllock", "print": "printscreen",
     "pause": "pause",
     "ctrl": "ctrl", "ctrl_r": "ctrlright", "shift": "shift", "shift_r": "shiftright",
