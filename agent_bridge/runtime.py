@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.egress.base import Egress, EgressSettings
 from orchestrator.errors import DeskvmError, HostSetupError, HypervisorError
-from orchestrator.host import load_accel
+from orchestrator.host import default_total_memory_mib, host_memory_mib, load_accel
 from orchestrator.hypervisor.base import Accel
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
@@ -31,6 +31,7 @@ __all__ = [
     "domains_using",
     "ensure_token",
     "resolve_accel",
+    "total_memory_mib",
     "verify_image",
 ]
 
@@ -104,6 +105,16 @@ def build_egress(settings: Settings) -> Egress | None:
     return NftEgress(egress_settings, owner=owner)
 
 
+def total_memory_mib(settings: Settings) -> int | None:
+    """The cap on live sessions' memory hard limits: ``settings.max_total_memory_mib``, or
+    derived from the host's RAM (:func:`orchestrator.host.default_total_memory_mib`);
+    ``None`` only when the host's RAM cannot be read."""
+    if settings.max_total_memory_mib is not None:
+        return settings.max_total_memory_mib
+    host_mib = host_memory_mib()
+    return None if host_mib is None else default_total_memory_mib(host_mib)
+
+
 def build_manager(
     settings: Settings,
     *,
@@ -142,7 +153,7 @@ def build_manager(
         recordings_dir=settings.recordings_dir,
         max_sessions=settings.max_sessions,
         capture_fps=settings.capture_fps,
-        max_total_memory_mib=settings.max_total_memory_mib,
+        max_total_memory_mib=total_memory_mib(settings),
         memory_overhead_mib=settings.memory_overhead_mib,
         egress=egress if egress is not None else build_egress(settings),
         new_id=new_id if new_id is not None else new_session_id,

@@ -27,9 +27,12 @@ from orchestrator.errors import HostSetupError
 
 __all__ = [
     "APT_PACKAGES",
+    "HOST_MEMORY_RESERVE_MIB",
     "Check",
     "HostReport",
     "boot_sector",
+    "default_total_memory_mib",
+    "host_memory_mib",
     "load_accel",
     "probe_accel",
     "run_doctor",
@@ -73,6 +76,28 @@ class HostReport:
     @property
     def ok(self) -> bool:
         return all(c.status != "fail" for c in self.checks)
+
+
+HOST_MEMORY_RESERVE_MIB = 2048
+"""Host memory kept out of the sessions' default total (the host, libvirtd, the bridge)."""
+
+
+def host_memory_mib(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The host's RAM (``MemTotal``), MiB; ``None`` when it cannot be read."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_total_memory_mib(host_mib: int) -> int:
+    """Default cap on the sum of live sessions' memory hard limits for a host of
+    ``host_mib`` MiB of RAM: all of it but :data:`HOST_MEMORY_RESERVE_MIB` or a tenth,
+    whichever is larger (at least 1 GiB)."""
+    return max(1024, host_mib - max(HOST_MEMORY_RESERVE_MIB, host_mib // 10))
 
 
 def boot_sector(message: bytes = PROBE_MESSAGE) -> bytes:

@@ -133,6 +133,8 @@ class SessionManager:
             CapacityError: ``over_capacity`` (``max_sessions`` are live already) or
                 ``over_memory`` (the hard limits would exceed ``max_total_memory_mib``);
                 checked before anything is started.
+            ConfigError: this session alone needs more than ``max_total_memory_mib`` (it
+                could never start), before anything is started.
             ConfigError, ImageNotFound: bad request; ``ConfigError`` with code
                 ``egress_not_configured`` when a policy is given and this manager has no
                 egress (no upstream configured).
@@ -173,6 +175,14 @@ class SessionManager:
                     "delete one or raise --max-sessions"
                 )
             if self._max_total_memory_mib is not None:
+                if _hard_mib(spec) > self._max_total_memory_mib:
+                    raise ConfigError(
+                        f"memory_mib {memory_mib} needs {_hard_mib(spec)} MiB of host memory"
+                        f" (+ {spec.memory_overhead_mib} MiB QEMU overhead and the display's"
+                        f" video memory); this server gives all sessions together at most"
+                        f" {self._max_total_memory_mib} MiB (max_total_memory_mib, by default"
+                        " derived from the host's RAM)"
+                    )
                 used = sum(_hard_mib(s.spec) for s in self._live.values())
                 if used + _hard_mib(spec) > self._max_total_memory_mib:
                     raise CapacityError(

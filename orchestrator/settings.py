@@ -46,7 +46,8 @@ class Settings:
         capture_fps: continuous capture rate of every session, frames per second
             (``0``: off; stills of screenshots are kept either way).
         max_total_memory_mib: sum of live sessions' memory hard limits (guest RAM + QEMU
-            overhead), MiB; ``None``: unlimited.
+            overhead + video memory), MiB; ``None``: derived from the host's RAM by the
+            server (all but 2 GiB or a tenth, see ``orchestrator.host``).
         memory_overhead_mib: QEMU overhead above guest RAM in each hard limit, MiB.
         session_ttl_s: default maximum lifetime of a session, seconds (``None``: unlimited).
         idle_timeout_s: default idle timeout, seconds (``None``: never).

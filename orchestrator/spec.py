@@ -18,6 +18,7 @@ __all__ = [
     "AUTOSTARTS",
     "MAX_DISPLAY_PX",
     "MAX_EGRESS_ENTRIES",
+    "MIN_DISPLAY_MEMORY_KIB",
     "MIN_DISPLAY_PX",
     "Autostart",
     "BootImage",
@@ -29,6 +30,8 @@ __all__ = [
     "ReadyCheck",
     "ReadyRegion",
     "SessionSpec",
+    "check_display_size",
+    "display_memory_kib",
     "new_session_id",
     "parse_egress_entry",
     "validate_session_id",
@@ -44,6 +47,8 @@ JSON lines on the guest log."""
 AUTOSTARTS: tuple[str, ...] = get_args(Autostart)
 """The closed set of :data:`Autostart` names."""
 MAX_DISPLAY_PX = 4096
+MIN_DISPLAY_MEMORY_KIB = 16 * 1024
+"""QEMU's default stdvga memory (``vgamem_mb=16``): the least a session gets."""
 
 _SESSION_ID_RE = re.compile(r"^[a-z0-9]{12}$")
 
@@ -70,23 +75,69 @@ def validate_session_id(session_id: str) -> str:
     return session_id
 
 
+def display_memory_kib(width_px: int, height_px: int) -> int:
+    """Video memory a stdvga display of ``width_px`` x ``height_px`` needs, KiB.
+
+    Room for *two* 32-bit framebuffers: the guest's bochs DRM driver refuses any mode for
+    which two do not fit (it keeps one for page flipping), so with QEMU's default 16 MiB a
+    3840x2160 request came up as 1920x1440, the largest mode that fitted. Rounded up to a
+    power of two (QEMU's ``vgamem_mb`` is one), at least :data:`MIN_DISPLAY_MEMORY_KIB`;
+    4096x4096 needs 128 MiB.
+    """
+    need_kib = 2 * width_px * height_px * 4 // 1024
+    kib = MIN_DISPLAY_MEMORY_KIB
+    while kib < need_kib:
+        kib *= 2
+    return kib
+
+
+def check_display_size(width_px: int, height_px: int, *, memory_kib: int | None = None) -> None:
+    """Refuse a display size that would not work, before anything starts.
+
+    The one place that says which sizes work: at session creation (:class:`DisplaySpec`)
+    and for a running guest's resolution change, whose video memory was sized at boot.
+
+    Args:
+        width_px, height_px: the size (integers, pixels).
+        memory_kib: the display device's memory when it is already fixed (a running
+            session's), else ``None`` (it is sized from the request: :func:`display_memory_kib`).
+
+    Raises:
+        ConfigError: not an integer; outside ``MIN_DISPLAY_PX..MAX_DISPLAY_PX``; width not a
+            multiple of 8; or two framebuffers of that size do not fit ``memory_kib``.
+    """
+    for name, value in (("width", width_px), ("height", height_px)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"display {name} must be an integer, got {value!r}")
+        if not MIN_DISPLAY_PX <= value <= MAX_DISPLAY_PX:
+            raise ConfigError(
+                f"display {name} {value}px is outside {MIN_DISPLAY_PX}..{MAX_DISPLAY_PX}"
+            )
+    if width_px % 8:
+        raise ConfigError(f"display width {width_px}px must be a multiple of 8")
+    need_kib = display_memory_kib(width_px, height_px)
+    if memory_kib is not None and need_kib > memory_kib:
+        raise ConfigError(
+            f"display {width_px}x{height_px} needs {need_kib // 1024} MiB of video memory; "
+            f"this session's display has {memory_kib // 1024} MiB (sized for the display it "
+            "was created with): create a session with the larger display instead"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class DisplaySpec:
-    """The guest's screen size in pixels (origin top-left)."""
+    """The guest's screen size in pixels (origin top-left); see :func:`check_display_size`."""
 
     width_px: int = 1280
     height_px: int = 800
 
     def __post_init__(self) -> None:
-        for name, value in (("width", self.width_px), ("height", self.height_px)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"display {name} must be an integer, got {value!r}")
-            if not MIN_DISPLAY_PX <= value <= MAX_DISPLAY_PX:
-                raise ConfigError(
-                    f"display {name} {value}px is outside {MIN_DISPLAY_PX}..{MAX_DISPLAY_PX}"
-                )
-        if self.width_px % 8:
-            raise ConfigError(f"display width {self.width_px}px must be a multiple of 8")
+        check_display_size(self.width_px, self.height_px)
+
+    @property
+    def memory_kib(self) -> int:
+        """The display device's memory for this size, KiB (:func:`display_memory_kib`)."""
+        return display_memory_kib(self.width_px, self.height_px)
 
 
 BootMode = Literal["direct", "bios", "uefi"]

@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator.display.qmp import keyboard_qom_path
+from orchestrator.errors import ConfigError
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.hypervisor.domain_xml import (
     KEYBOARD_ALIAS,
     domain_name,
+    hard_limit_mib,
     render_domain_xml,
     session_id_of,
 )
-from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
+from orchestrator.spec import BootImage, DisplaySpec, SessionSpec, check_display_size
 
 GOLDEN = Path(__file__).parent / "golden"
 IMAGE = BootImage(
@@ -126,14 +128,46 @@ def test_autostart_outside_the_closed_set_is_a_config_error() -> None:
         SessionSpec("abcdef012345", IMAGE, autostart="xeyes")  # type: ignore[arg-type]
 
 
-def test_video_memory_holds_the_framebuffer() -> None:
+def test_video_memory_holds_two_framebuffers() -> None:
+    """The guest's bochs DRM driver refuses a mode unless two 32-bit framebuffers fit: with
+    32 MiB a 3840x2160 request came up as 1920x1440 (issue 10)."""
     from orchestrator.hypervisor.domain_xml import vga_memory_kib
 
     assert vga_memory_kib(DisplaySpec(1280, 800)) == 16 * 1024
     assert vga_memory_kib(DisplaySpec(1920, 1080)) == 16 * 1024
-    assert vga_memory_kib(DisplaySpec(2560, 1600)) == 16 * 1024
-    assert vga_memory_kib(DisplaySpec(4096, 2160)) == 64 * 1024
-    assert vga_memory_kib(DisplaySpec(4096, 4096)) == 64 * 1024
+    assert vga_memory_kib(DisplaySpec(2560, 1600)) == 32 * 1024
+    assert vga_memory_kib(DisplaySpec(3840, 2160)) == 64 * 1024
+    assert vga_memory_kib(DisplaySpec(4096, 2160)) == 128 * 1024
+    assert vga_memory_kib(DisplaySpec(4096, 4096)) == 128 * 1024
+    for w, h in ((320, 320), (1280, 800), (3840, 2160), (4096, 4096), (4096, 320)):
+        assert 2 * w * h * 4 <= vga_memory_kib(DisplaySpec(w, h)) * 1024
+    dom = ET.fromstring(
+        render_domain_xml(
+            dataclasses.replace(SPEC, display=DisplaySpec(3840, 2160)), PATHS,
+            accel="tcg", created=CREATED,
+        )
+    )  # fmt: skip
+    model = dom.find("devices/video/model")
+    assert model is not None and model.get("vram") == str(64 * 1024)
+
+
+def test_the_hard_limit_counts_video_memory_beyond_the_default() -> None:
+    small = dataclasses.replace(SPEC, display=DisplaySpec(1280, 800))
+    big = dataclasses.replace(SPEC, display=DisplaySpec(4096, 4096))
+    assert hard_limit_mib(small) == small.memory_mib + small.memory_overhead_mib
+    assert hard_limit_mib(big) == hard_limit_mib(small) + 128 - 16
+
+
+def test_one_function_says_which_display_sizes_work() -> None:
+    """check_display_size is what creation and a running session's resize both use."""
+    check_display_size(3840, 2160)
+    check_display_size(1920, 1080, memory_kib=DisplaySpec(3840, 2160).memory_kib)
+    with pytest.raises(ConfigError, match=r"needs 64 MiB of video memory.*has 16 MiB"):
+        check_display_size(3840, 2160, memory_kib=DisplaySpec(1280, 800).memory_kib)
+    for bad, match in (((4104, 800), "outside 320..4096"), ((1284, 800), "multiple of 8"),
+                       ((True, 800), "integer")):  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            check_display_size(*bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("boot", ["bios", "uefi"])

@@ -14,6 +14,7 @@ from orchestrator.display.base import KeyEvent
 from orchestrator.errors import (
     ActionError,
     BootTimeout,
+    ConfigError,
     DisplayError,
     HypervisorError,
     SessionClosed,
@@ -322,3 +323,35 @@ def test_closed_while_booting_ends_once_with_the_closers_reason() -> None:
               and e.data.get("event") in ("closed", "start_failed")]  # fmt: skip
     assert closed == [{"event": "closed", "reason": "client disconnected", "errors": []}]
     assert session.state == "closed" and session.closed_reason == "client disconnected"
+
+
+def test_a_session_larger_than_the_memory_total_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.manager import SessionManager
+
+    hv = FakeHypervisor()
+    manager = SessionManager(
+        hypervisor=hv,
+        resolve_image=lambda _name: IMAGE,
+        recordings_dir=tmp_path,
+        max_total_memory_mib=4096,
+        memory_overhead_mib=768,
+        pacing=Pacing(0, 0, 0, 0, 0),
+        ready_poll_s=0.01,
+    )
+    with pytest.raises(ConfigError, match=r"memory_mib 8192 needs 8960 MiB.*at most 4096 MiB"):
+        manager.create(image="x", display=DisplaySpec(1280, 800), memory_mib=8192)
+    assert hv.started == [] and manager.live() == []
+
+
+def test_the_default_memory_total_follows_the_host(tmp_path: Path) -> None:
+    from orchestrator.host import default_total_memory_mib, host_memory_mib
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24576000 kB\nMemFree:  100 kB\n")
+    assert host_memory_mib(meminfo) == 24000
+    assert default_total_memory_mib(24000) == 24000 - 2400
+    assert default_total_memory_mib(8192) == 8192 - 2048
+    assert default_total_memory_mib(1024) == 1024
+    assert host_memory_mib(tmp_path / "absent") is None

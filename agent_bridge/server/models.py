@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent_bridge.protocol.actions import action_to_dict
 from agent_bridge.tokens import Claims
 from orchestrator.approval import ApprovalPolicy, PendingAction
+from orchestrator.hypervisor.domain_xml import hard_limit_mib
 from orchestrator.session import Session
 from orchestrator.spec import MAX_DISPLAY_PX, MAX_EGRESS_ENTRIES, MIN_DISPLAY_PX
 
@@ -95,7 +96,9 @@ class ApprovalPolicyModel(_Strict):
 class LimitsModel(BaseModel):
     """Host-enforced limits of a session."""
 
-    memory_hard_limit_mib: int = Field(description="guest RAM + QEMU overhead, cgroup max")
+    memory_hard_limit_mib: int = Field(
+        description="guest RAM + QEMU overhead + video memory beyond 16 MiB, cgroup max"
+    )
     cpu_quota_pct: int | None = Field(description="percent of one host core; null: none")
     disk_mib: int | None = Field(description="guest disk cap; null: the image's size")
     ttl_s: float | None = Field(description="maximum lifetime, seconds")
@@ -332,7 +335,7 @@ class SessionInfo(BaseModel):
             closed_reason=session.closed_reason,
             autostart=spec.autostart,
             limits=LimitsModel(
-                memory_hard_limit_mib=spec.memory_mib + spec.memory_overhead_mib,
+                memory_hard_limit_mib=hard_limit_mib(spec),
                 cpu_quota_pct=spec.cpu_quota_pct,
                 disk_mib=spec.disk_mib,
                 ttl_s=spec.ttl_s,

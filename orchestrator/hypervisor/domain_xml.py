@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime
 
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
-from orchestrator.spec import DisplaySpec, SessionSpec
+from orchestrator.spec import MIN_DISPLAY_MEMORY_KIB, DisplaySpec, SessionSpec
 
 __all__ = [
     "CPU_PERIOD_US",
@@ -45,9 +45,11 @@ CPU_PERIOD_US = 100_000
 def hard_limit_mib(spec: SessionSpec) -> int:
     """The host's memory hard limit for the session's QEMU process, MiB.
 
-    Guest RAM plus ``spec.memory_overhead_mib`` for QEMU itself.
+    Guest RAM plus ``spec.memory_overhead_mib`` for QEMU itself, plus the display's video
+    memory beyond QEMU's default 16 MiB (a 4K display has 64 MiB).
     """
-    return spec.memory_mib + spec.memory_overhead_mib
+    extra_vga_mib = (spec.display.memory_kib - MIN_DISPLAY_MEMORY_KIB) // 1024
+    return spec.memory_mib + spec.memory_overhead_mib + extra_vga_mib
 
 
 def cpu_quota_us(spec: SessionSpec) -> int:
@@ -68,15 +70,11 @@ def session_id_of(name: str) -> str | None:
 
 
 def vga_memory_kib(display: DisplaySpec) -> int:
-    """Video memory for a stdvga framebuffer of ``display`` at 32 bpp, in KiB.
+    """Video memory of the stdvga card for ``display``, KiB.
 
-    QEMU wants a power of two; at least 16 MiB.
+    See :func:`orchestrator.spec.display_memory_kib` (two framebuffers, a power of two).
     """
-    need_kib = display.width_px * display.height_px * 4 // 1024
-    kib = 16 * 1024
-    while kib < need_kib:
-        kib *= 2
-    return kib
+    return display.memory_kib
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
