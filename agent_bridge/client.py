@@ -68,7 +68,9 @@ __all__ = [
 ]
 
 _CLOSE_GOING_AWAY = 1001
-_MAX_REPLY_BYTES = 64 * 1024 * 1024  # a 4096x4096 PNG, base64, fits
+_MAX_REPLY_BYTES = 96 * 1024 * 1024
+"""Largest reply taken: a 4096x4096 screenshot of pure noise is a ~50 MB PNG, ~67 MB in
+base64 (the JSON reply's encoding), so the whole documented display range fits."""
 _BOOT_MARGIN_S = 30.0
 
 ButtonName = Literal["left", "middle", "right", "back", "forward"]
