@@ -622,17 +622,52 @@ def serve(
         str | None,
         typer.Option(help="With --ray: this host's address in the cluster (default: Ray's)."),
     ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="This server's name in the installation (default serve-<port>). A server "
+            "restarted under the same name takes back the sessions the last one left "
+            "running. Env: DESKVM_SERVER_NAME.",
+        ),
+    ] = None,
+    on_exit: Annotated[
+        str | None,
+        typer.Option(
+            help="At a graceful shutdown (Ctrl-C, SIGTERM): 'close' every session (default), "
+            "or 'keep' them running for a restart (an upgrade) to take back. Env: "
+            "DESKVM_ON_EXIT.",
+        ),
+    ] = None,
+    adopt_grace_s: Annotated[
+        float | None,
+        typer.Option(
+            help="How long sessions of a server that went away (crash, kill -9, "
+            "--on-exit keep) wait for it to restart before any server reaps them, seconds "
+            "(default 300). Env: DESKVM_ADOPT_GRACE_S.",
+        ),
+    ] = None,
+    max_ttl_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Longest lifetime a session may get, at create or by PATCH ttl_s, seconds "
+            "(default 7 days). Env: DESKVM_SESSION_MAX_TTL_S.",
+        ),
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Run the bridge server: REST to create sessions, a WebSocket per session for actions.
 
-    The token is printed once and kept in <state-dir>/token (mode 0600). Sessions still
-    running at shutdown (Ctrl-C) are destroyed. Leftovers of dead servers are reaped at
-    start and every few seconds; sessions past their TTL or idle timeout are ended.
+    The token is printed once and kept in <state-dir>/token (mode 0600); session tokens
+    are signed with <state-dir>/token-signing.key, so they outlive a restart. A restart
+    loses no session: a server killed (or stopped with --on-exit keep) and started again
+    under the same name takes back its running sessions (their recordings continue after
+    a marked gap); sessions whose server stays gone longer than --adopt-grace-s are
+    reaped and their recordings sealed as truncated. Sessions still running at a plain
+    shutdown (Ctrl-C) are destroyed. Sessions past their TTL or idle timeout are ended.
     Without --egress-upstream-iface/-dns, sessions asking for an egress policy are
     refused (422 egress_not_configured); sessions without one never have a NIC.
     """
-    from agent_bridge.runtime import build_manager, ensure_token
+    from agent_bridge.runtime import build_authority, build_manager, ensure_token
     from agent_bridge.server import create_app, run_server
     from orchestrator.settings import split_csv
 
@@ -646,6 +681,10 @@ def serve(
         allowed_origins=tuple(allowed_origin) if allowed_origin else None,
         egress_upstream_iface=egress_upstream_iface,
         egress_upstream_dns=split_csv(egress_upstream_dns) if egress_upstream_dns else None,
+        on_exit=on_exit,
+        adopt_grace_s=adopt_grace_s,
+        session_max_ttl_s=max_ttl_s,
+        server_name=name,
     )
     if ray_address is not None:
         _serve_ray(
@@ -658,15 +697,15 @@ def serve(
             node_ip=node_ip_address,
         )
         return
-    manager = build_manager(settings)
-    reaped = manager.reap()
-    if reaped:
-        console.print(f"reaped leftovers of dead sessions: {', '.join(reaped)}")
+    manager = build_manager(settings, server_name=settings.server_name or f"serve-{port}")
     token_value = ensure_token(settings)
-    app_ = create_app(manager, token=token_value, settings=settings)
+    app_ = create_app(
+        manager, token=token_value, settings=settings, authority=build_authority(settings)
+    )
     console.print(
         f"[bold]deskvm bridge[/] on http://{host}:{port}  "
-        f"(acceleration: {manager.hypervisor.accel})"
+        f"(acceleration: {manager.hypervisor.accel}, server name {manager.owner!r}, "
+        f"on exit: {settings.on_exit} sessions)"
     )
     if settings.egress_upstream_iface:
         console.print(

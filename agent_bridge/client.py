@@ -41,6 +41,7 @@ from urllib.parse import urlencode
 
 import httpx
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
@@ -800,7 +801,10 @@ class Session(VisualChecks):
     durations are milliseconds. Every action method raises :class:`RemoteError` for an
     error reply (``out_of_screen``, ``invalid_action``...; the session stays usable),
     :class:`~orchestrator.errors.SessionClosed` if the session ended, and
-    :class:`BridgeConnectionError` for transport failures.
+    :class:`BridgeConnectionError` for transport failures. The WebSocket is opened on
+    the first request and again on the first request after it went away (a bridge
+    restart: the restarted server re-adopts the session, see docs/protocol.md); a
+    request whose connection broke after it was sent is not repeated (it may have run).
 
     Visual checks (:class:`~agent_bridge.qa.checks.VisualChecks`): ``wait_for(ref)``,
     ``wait_gone``, ``exists``, ``click(ref)``, ``expect_change()``, ``wait_still``,
@@ -849,6 +853,11 @@ class Session(VisualChecks):
     # --- plumbing -----------------------------------------------------------------------
 
     def _socket(self) -> ClientConnection:
+        if self._ws is not None and self._ws.protocol.state is not State.OPEN:
+            # The connection went away between requests (e.g. the bridge restarted): the
+            # next request opens a new one (nothing was sent on the old one, so nothing
+            # can run twice).
+            self.close()
         if self._ws is None:
             self._stack = ExitStack()
             self._ws = self.client._connect_ws(

@@ -15,20 +15,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_bridge.tokens import TokenAuthority
 from orchestrator.egress.base import Egress, EgressSettings
 from orchestrator.errors import DeskvmError, HostSetupError, HypervisorError
 from orchestrator.host import default_total_memory_mib, host_memory_mib, load_accel
 from orchestrator.hypervisor.base import Accel
+from orchestrator.instance import Instance
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
 from orchestrator.spec import BootImage, DisplaySpec, new_session_id
+from orchestrator.store import FileSessionStore
 
 __all__ = [
     "EGRESS_RUN_DIR",
     "BackgroundServer",
+    "build_authority",
     "build_egress",
     "build_manager",
     "domains_using",
+    "ensure_signing_key",
     "ensure_token",
     "resolve_accel",
     "total_memory_mib",
@@ -79,6 +84,45 @@ def ensure_token(settings: Settings) -> str:
     return token
 
 
+def ensure_signing_key(settings: Settings) -> bytes:
+    """The installation's token signing key: read from ``settings.token_key_file``, or
+    made (32 random bytes, hex, mode 0600) the first time.
+
+    Session tokens are signed with it, so tokens minted before a bridge restart still
+    verify after it. Deleting the file invalidates every token at the next start.
+
+    Raises:
+        HostSetupError: the file cannot be read or written, or is malformed.
+    """
+    path = settings.token_key_file
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        raise HostSetupError(f"cannot read the token signing key {path}: {exc}") from exc
+    key = secrets.token_bytes(32)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key.hex() + "\n")
+    except FileExistsError:  # another server of the installation made it just now
+        return bytes.fromhex(path.read_text().strip())
+    except OSError as exc:
+        raise HostSetupError(f"cannot write the token signing key {path}: {exc}") from exc
+    return key
+
+
+def build_authority(settings: Settings) -> TokenAuthority:
+    """A token authority signing with the installation's key (tokens survive restarts)."""
+    return TokenAuthority(
+        secret=ensure_signing_key(settings),
+        default_ttl_s=settings.token_ttl_s,
+        max_ttl_s=settings.token_max_ttl_s,
+    )
+
+
 def build_egress(settings: Settings) -> Egress | None:
     """The real egress (``NftEgress``) when an upstream is configured, else ``None``.
 
@@ -121,8 +165,14 @@ def build_manager(
     egress: Egress | None = None,
     new_id: Callable[[], str] | None = None,
     resolve_image: Callable[[str], BootImage] | None = None,
+    server_name: str | None = None,
 ) -> SessionManager:
     """A :class:`SessionManager` on libvirt with images from ``settings.images_dir``.
+
+    Its sessions keep records in ``settings.session_state_dir`` and it is the server
+    instance ``server_name`` (or ``settings.server_name``; neither: an ephemeral name,
+    so nothing it leaves behind is ever re-adopted). Call ``manager.adopt()`` before
+    serving to take back what a previous run of the same name left running.
 
     Args:
         settings: the host's settings.
@@ -130,11 +180,14 @@ def build_manager(
         new_id: session id factory (a cluster node uses the ids its bridges place).
         resolve_image: image name -> image; default: the verified image of that name in
             ``settings.images_dir`` (:func:`vm_images.find_image`).
+        server_name: this server's name in the installation (``deskvm serve`` passes
+            ``serve-<port>`` unless ``--name`` says otherwise).
 
     Raises:
         HypervisorError: libvirt is not reachable.
         HostSetupError: acceleration unknown.
-        ConfigError: the egress settings are malformed.
+        ConfigError: the egress settings are malformed; code ``instance_busy``: a live
+            server of the installation already has this name.
     """
     from orchestrator.hypervisor.libvirt import LibvirtHypervisor
     from vm_images import find_image
@@ -144,9 +197,15 @@ def build_manager(
 
     resolve = resolve_image if resolve_image is not None else find_verified
 
-    hypervisor = LibvirtHypervisor(
-        settings.sessions_dir, accel=resolve_accel(settings), uri=settings.libvirt_uri
-    )
+    accel = resolve_accel(settings)
+    instance = Instance(settings.instances_dir, server_name or settings.server_name)
+    try:
+        hypervisor = LibvirtHypervisor(
+            settings.sessions_dir, accel=accel, uri=settings.libvirt_uri, instance=instance
+        )
+    except BaseException:
+        instance.close()
+        raise
     return SessionManager(
         hypervisor=hypervisor,
         resolve_image=resolve,
@@ -157,6 +216,9 @@ def build_manager(
         memory_overhead_mib=settings.memory_overhead_mib,
         egress=egress if egress is not None else build_egress(settings),
         new_id=new_id if new_id is not None else new_session_id,
+        store=FileSessionStore(settings.session_state_dir),
+        instance=instance,
+        adopt_grace_s=settings.adopt_grace_s,
     )
 
 

@@ -9,6 +9,13 @@ Scopes are ordered: ``view`` (frames only: screenshot, zoom, cursor position; re
 session) < ``control`` (every action) < ``admin`` (lifecycle and policy of that session:
 delete, approval policy and decisions, minting and revoking its tokens).
 
+Restarts: the signing secret is the installation's (``agent_bridge.runtime.ensure_signing_key``
+keeps it in a 0600 file), so tokens minted before a bridge restart verify after it; what
+the authority remembers about a session's tokens (issued ids, revocations, used single-use
+ids) is exported with :meth:`TokenAuthority.export_session` into the session's record and
+imported again when the session is re-adopted (:meth:`TokenAuthority.import_session`): a
+revoked token stays revoked. ``on_change`` tells the bridge when to store it.
+
 Errors: every failure is an :class:`~orchestrator.errors.DeskvmError` with code
 ``unauthorized`` (bad, expired, revoked, replayed or wrong-session token) or ``forbidden``
 (valid token, scope too small). Messages never contain the token.
@@ -19,7 +26,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -84,6 +91,9 @@ class TokenAuthority:
         default_ttl_s: lifetime when a mint request names none, seconds.
         max_ttl_s: longest lifetime a mint request may ask for, seconds.
         clock: Unix time in seconds (``time.time``; fake in tests).
+        on_change: called with a session id after its tokens changed (minted, revoked,
+            a single-use token used), to store :meth:`export_session`; may raise (e.g.
+            ``StoreError``) to fail the operation's reply (the change itself stands).
 
     Raises:
         ConfigError: secret too short or TTLs inconsistent.
@@ -96,6 +106,7 @@ class TokenAuthority:
         default_ttl_s: float = 900.0,
         max_ttl_s: float = 4 * 3600.0,
         clock: Callable[[], float] = time.time,
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         secret = secret if secret is not None else secrets.token_bytes(32)
         if len(secret) < 32:
@@ -110,6 +121,8 @@ class TokenAuthority:
         self._revoked: dict[str, float] = {}  # token id -> expiry (forgotten after it)
         self._used: dict[str, float] = {}
         self._issued: dict[str, Claims] = {}
+        self._session_of: dict[str, str] = {}  # token id -> session id (revoked/used)
+        self.on_change = on_change
 
     def mint(
         self,
@@ -155,6 +168,8 @@ class TokenAuthority:
         with self._lock:
             self._prune()
             self._issued[claims.token_id] = claims
+            self._session_of[claims.token_id] = session_id
+        self._changed(session_id)
         return TOKEN_PREFIX + self._serializer.dumps(payload), claims
 
     def verify(self, token: str, *, session_id: str, need: Scope, use: bool = False) -> Claims:
@@ -205,8 +220,12 @@ class TokenAuthority:
                     f"token {claims.token_id} has scope {claims.scope!r}; this needs {need!r}",
                     code="forbidden",
                 )
-            if use and claims.single_use:
+            used_now = use and claims.single_use
+            if used_now:
                 self._used[claims.token_id] = claims.expires_at
+                self._session_of[claims.token_id] = claims.session_id
+        if used_now:
+            self._changed(claims.session_id)
         return claims
 
     def revoke(self, token_id: str) -> Claims | None:
@@ -219,7 +238,9 @@ class TokenAuthority:
             claims = self._issued.get(token_id)
             expiry = claims.expires_at if claims is not None else self._clock() + self.max_ttl_s
             self._revoked[token_id] = expiry
-            return claims
+        if claims is not None:
+            self._changed(claims.session_id)
+        return claims
 
     def revoke_session(self, session_id: str) -> int:
         """Revoke every token of a session (e.g. when it ends); returns how many."""
@@ -227,7 +248,65 @@ class TokenAuthority:
             ids = [c.token_id for c in self._issued.values() if c.session_id == session_id]
             for token_id in ids:
                 self._revoked[token_id] = self._issued[token_id].expires_at
-            return len(ids)
+        if ids:
+            self._changed(session_id)
+        return len(ids)
+
+    def _changed(self, session_id: str) -> None:
+        if self.on_change is not None:
+            self.on_change(session_id)
+
+    def export_session(self, session_id: str) -> dict[str, Any]:
+        """What this authority knows about ``session_id``'s tokens, JSON-ready (never a
+        token itself): ``{"issued": [{"token_id", "scope", "expires_at", "single_use"}],
+        "revoked": {id: expires_at}, "used": {id: expires_at}}``."""
+        with self._lock:
+            self._prune()
+            issued = [c for c in self._issued.values() if c.session_id == session_id]
+            ids = {c.token_id for c in issued} | {
+                k for k, sid in self._session_of.items() if sid == session_id
+            }
+            return {
+                "issued": [
+                    {
+                        "token_id": c.token_id,
+                        "scope": c.scope,
+                        "expires_at": c.expires_at,
+                        "single_use": c.single_use,
+                    }
+                    for c in issued
+                ],
+                "revoked": {k: v for k, v in self._revoked.items() if k in ids},
+                "used": {k: v for k, v in self._used.items() if k in ids},
+            }
+
+    def import_session(self, session_id: str, data: Mapping[str, Any]) -> None:
+        """Take back :meth:`export_session` data (a re-adopted session's tokens).
+
+        Raises:
+            ConfigError: the data is malformed.
+        """
+        try:
+            issued = [
+                Claims(
+                    token_id=str(c["token_id"]), session_id=session_id, scope=c["scope"],
+                    expires_at=float(c["expires_at"]), single_use=bool(c["single_use"]),
+                )
+                for c in data.get("issued", [])
+            ]  # fmt: skip
+            revoked = {str(k): float(v) for k, v in dict(data.get("revoked", {})).items()}
+            used = {str(k): float(v) for k, v in dict(data.get("used", {})).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"malformed token state of session {session_id}: {exc!r}") from exc
+        with self._lock:
+            for claims in issued:
+                self._issued[claims.token_id] = claims
+                self._session_of[claims.token_id] = session_id
+            for table, values in ((self._revoked, revoked), (self._used, used)):
+                for token_id, expiry in values.items():
+                    table[token_id] = expiry
+                    self._session_of[token_id] = session_id
+            self._prune()
 
     def minted(self, session_id: str, token_id: str) -> Claims | None:
         """The claims of ``token_id`` if this authority minted it for ``session_id`` and it
@@ -254,3 +333,6 @@ class TokenAuthority:
                 del table[token_id]
         for token_id in [k for k, c in self._issued.items() if c.expires_at <= now]:
             del self._issued[token_id]
+        keep = set(self._issued) | set(self._revoked) | set(self._used)
+        for token_id in [k for k in self._session_of if k not in keep]:
+            del self._session_of[token_id]

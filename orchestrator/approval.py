@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agent_bridge.protocol.actions import ACTION_KINDS, Action, HoldKey, Key, Type, action_name
 from agent_bridge.protocol.keys import KeyCombo, combo_text, parse_combo
@@ -307,6 +307,36 @@ class ApprovalPolicy:
                 raise ConfigError(f"approval pattern {pattern!r}: {exc}") from exc
         object.__setattr__(self, "_combos", combos)
         object.__setattr__(self, "_regexes", tuple(regexes))
+
+    def to_json(self) -> dict[str, object]:
+        """The policy's fields as JSON-ready data (what :meth:`from_json` takes)."""
+        return {
+            "every_action": self.every_action,
+            "kinds": list(self.kinds),
+            "key_combos": list(self.key_combos),
+            "text_patterns": list(self.text_patterns),
+            "timeout_s": self.timeout_s,
+            "include_observations": self.include_observations,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ApprovalPolicy:
+        """A policy from :meth:`to_json` data.
+
+        Raises:
+            ConfigError: a field is missing or invalid.
+        """
+        try:
+            return cls(
+                every_action=bool(data["every_action"]),
+                kinds=tuple(data["kinds"]),
+                key_combos=tuple(data["key_combos"]),
+                text_patterns=tuple(data["text_patterns"]),
+                timeout_s=float(data["timeout_s"]),
+                include_observations=bool(data["include_observations"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"not an approval policy: {exc!r}") from exc
 
     @property
     def empty(self) -> bool:

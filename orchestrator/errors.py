@@ -19,6 +19,7 @@ kept as ``__cause__``::
     ├── EgressError              bridge / nftables / resolver set-up or teardown failed
     ├── RecorderError            the recording could not be written
     ├── StorageError             recording storage (directory, S3) refused or failed
+    ├── StoreError               a session record (for bridge restarts) could not be kept
     ├── SessionNotFound          no such session id
     ├── SessionClosed            the session has ended (or is ending)
     │   └── SessionLost          the session's cluster node died (scale-out)
@@ -49,6 +50,7 @@ __all__ = [
     "SessionLost",
     "SessionNotFound",
     "StorageError",
+    "StoreError",
 ]
 
 
@@ -153,6 +155,12 @@ class StorageError(DeskvmError):
     """Recording storage (a directory or S3-compatible object storage) failed."""
 
     code = "storage_error"
+
+
+class StoreError(DeskvmError):
+    """A session record (what a restarted bridge re-adopts from) could not be written."""
+
+    code = "store_error"
 
 
 class CapacityError(DeskvmError):

@@ -7,24 +7,43 @@ clients can still read their state, guest log and recording path after deletion.
 :meth:`SessionManager.sweep` enforces each session's lifetime (``ttl_s``) and idle timeout
 (``idle_timeout_s``) and reaps leftovers of sessions it does not know; the server calls it
 at start and periodically.
+
+Bridge restarts: with a :class:`~orchestrator.store.SessionStore` and a named
+:class:`~orchestrator.instance.Instance`, every session keeps a record; a server that
+restarts under the same name calls :meth:`SessionManager.adopt` first and carries on with
+the sessions it left running (their recordings continue after a ``gap`` marker). A
+session whose server is gone is left alone for ``adopt_grace_s`` (its server may come
+back); after that, or at once if that server can never come back (an unnamed instance,
+another boot, a session still starting), the reaper ends it and seals its recording as
+truncated. :meth:`SessionManager.detach_all` leaves the sessions running at a graceful
+exit (``deskvm serve --on-exit keep``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.egress.base import Egress
-from orchestrator.errors import CapacityError, ConfigError, DeskvmError, SessionNotFound
+from orchestrator.errors import (
+    CapacityError,
+    ConfigError,
+    DeskvmError,
+    SessionClosed,
+    SessionNotFound,
+)
 from orchestrator.hypervisor.base import Hypervisor
 from orchestrator.hypervisor.domain_xml import hard_limit_mib as _hard_mib
 from orchestrator.input_plan import Pacing
-from orchestrator.recorder import FileRecorder
-from orchestrator.session import Session
+from orchestrator.instance import Instance, boot_id
+from orchestrator.recorder import FileRecorder, seal, writer_alive
+from orchestrator.session import CLOSED_DOMAIN_STOPPED, CLOSED_IDLE, CLOSED_TTL, Session
 from orchestrator.spec import (
     Autostart,
     BootImage,
@@ -34,18 +53,46 @@ from orchestrator.spec import (
     new_session_id,
     validate_session_id,
 )
+from orchestrator.store import SessionRecord, SessionStore
 
-CLOSED_TTL = "ttl expired"
-"""``closed_reason`` of a session ended because it reached its ``ttl_s``."""
-CLOSED_DOMAIN_STOPPED = "the domain stopped (guest powered off, crashed or was killed)"
-"""``closed_reason`` of a ready session whose QEMU process went away (e.g. the host's
-memory hard limit killed it)."""
-CLOSED_IDLE = "idle timeout"
-"""``closed_reason`` of a session ended after ``idle_timeout_s`` without an action."""
-
-__all__ = ["CLOSED_DOMAIN_STOPPED", "CLOSED_IDLE", "CLOSED_TTL", "SessionManager"]
+__all__ = [
+    "ADOPT_GRACE_S",
+    "CLOSED_DOMAIN_STOPPED",
+    "CLOSED_IDLE",
+    "CLOSED_TTL",
+    "GAP_REASON",
+    "AdoptReport",
+    "SessionManager",
+]
 
 _HISTORY = 256
+
+ADOPT_GRACE_S = 300.0
+"""How long a session whose server is gone waits for that server to restart, seconds."""
+GAP_REASON = "the bridge server restarted (sessions re-adopted)"
+"""``reason`` of the ``gap`` marker a re-adopted session's recording gets."""
+
+
+@dataclass(slots=True)
+class AdoptReport:
+    """What :meth:`SessionManager.adopt` did at server start.
+
+    Attributes:
+        adopted: sessions taken back (running again in this server).
+        failed: ``{id: why}`` of this server's sessions that could not be taken back
+            (they were ended, their recordings closed with the reason).
+        reaped: ``{id: why}`` of sessions nobody will take back (torn down, recordings
+            sealed truncated).
+        waiting: sessions of another named server that is gone but still within the
+            grace period (left running).
+        sealed: recordings left ``recording`` by a dead writer and now sealed truncated.
+    """
+
+    adopted: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    reaped: dict[str, str] = field(default_factory=dict)
+    waiting: list[str] = field(default_factory=list)
+    sealed: list[str] = field(default_factory=list)
 
 
 class SessionManager:
@@ -67,6 +114,12 @@ class SessionManager:
         new_id: makes each new session's id (default :func:`~orchestrator.spec.new_session_id`;
             a cluster node uses the id its bridge placed, see docs/scale-out.md). The id is
             checked with :func:`~orchestrator.spec.validate_session_id`.
+        store: where sessions keep their records for a restart (``None``: nowhere;
+            nothing can be re-adopted).
+        instance: this server's identity in the installation (its name owns the records;
+            the liveness of other servers decides what the reaper may touch).
+        adopt_grace_s: how long sessions of a gone named server are left running for it
+            to come back (:data:`ADOPT_GRACE_S`).
     """
 
     def __init__(
@@ -84,8 +137,14 @@ class SessionManager:
         memory_overhead_mib: int = 768,
         egress: Egress | None = None,
         new_id: Callable[[], str] = new_session_id,
+        store: SessionStore | None = None,
+        instance: Instance | None = None,
+        adopt_grace_s: float = ADOPT_GRACE_S,
     ) -> None:
         self.hypervisor = hypervisor
+        self.store = store
+        self.instance = instance
+        self.adopt_grace_s = adopt_grace_s
         self._new_id = new_id
         self.egress = egress
         self._max_total_memory_mib = max_total_memory_mib
@@ -220,6 +279,8 @@ class SessionManager:
                 ready_poll_s=self._ready_poll_s,
                 capture_fps=self._capture_fps,
                 egress=self.egress,
+                store=self.store,
+                owner=self.owner,
             )
             self._live[spec.session_id] = session
         if on_started is not None:
@@ -237,6 +298,11 @@ class SessionManager:
             self._ended[session.id] = session
             while len(self._ended) > _HISTORY:
                 self._ended.popitem(last=False)
+
+    @property
+    def owner(self) -> str:
+        """This server's instance name (``""`` without an instance)."""
+        return "" if self.instance is None else self.instance.name
 
     def resolve_image(self, name: str) -> BootImage:
         """The built image called ``name`` (with its content hash).
@@ -299,32 +365,44 @@ class SessionManager:
         """Close live sessions past their ``ttl_s`` or ``idle_timeout_s``, or whose domain died.
 
         Their ``closed_reason`` is :data:`CLOSED_TTL`, :data:`CLOSED_IDLE` or
-        :data:`CLOSED_DOMAIN_STOPPED`. A teardown
-        error is swallowed here (the session is retired; the reaper retries leftovers).
+        :data:`CLOSED_DOMAIN_STOPPED`. A teardown error is swallowed here (the session is
+        retired; the reaper retries leftovers). The deadline check is
+        :meth:`Session.expiry` (atomic with :meth:`extend_ttl`).
 
         Returns:
             The session ids closed.
         """
-        now_ns = self._clock.monotonic_ns()
         closed = []
         for session in self.live():
-            spec = session.spec
-            reason = None
-            if spec.ttl_s is not None and now_ns - session.created_ns >= spec.ttl_s * 1e9:
-                reason = CLOSED_TTL
-            elif session.state == "ready" and not session.domain_running():
+            reason = session.expiry()
+            if reason is None and session.state == "ready" and not session.domain_running():
                 reason = CLOSED_DOMAIN_STOPPED
-            elif (
-                spec.idle_timeout_s is not None
-                and session.state == "ready"
-                and now_ns - session.last_action_ns >= spec.idle_timeout_s * 1e9
-            ):
-                reason = CLOSED_IDLE
             if reason is not None:
                 with contextlib.suppress(DeskvmError):
                     self.delete(session.id, reason=reason)
                 closed.append(session.id)
         return closed
+
+    def extend_ttl(self, session_id: str, ttl_s: float, *, max_ttl_s: float | None) -> Session:
+        """Set a session's lifetime to ``ttl_s`` seconds from its creation (see
+        :meth:`Session.extend_ttl`); a session found already expired is ended now.
+
+        Raises:
+            SessionNotFound: unknown id.
+            ConfigError: ``ttl_s`` out of range (see :meth:`Session.extend_ttl`).
+            SessionClosed: code ``session_expired`` (it has been ended) or
+                ``session_closed``.
+            StoreError: the new deadline could not be stored.
+        """
+        session = self.get(session_id)
+        try:
+            session.extend_ttl(ttl_s, max_ttl_s=max_ttl_s)
+        except SessionClosed as exc:
+            if exc.code == "session_expired":
+                with contextlib.suppress(DeskvmError):
+                    self.delete(session.id, reason=session.expiry() or CLOSED_TTL)
+            raise
+        return session
 
     def sweep(self) -> tuple[list[str], list[str]]:
         """One pass of the server's periodic housekeeping: :meth:`expire`, then :meth:`reap`.
@@ -339,7 +417,11 @@ class SessionManager:
         return expired, reaped
 
     def reap(self) -> list[str]:
-        """Destroy hypervisor and egress leftovers of sessions this manager does not know.
+        """Destroy hypervisor and egress leftovers of sessions nobody runs or will run.
+
+        Sessions of live servers and sessions waiting for their server to restart (see
+        :meth:`adopt`) are left alone; records of sessions nobody will take back are
+        torn down (recording sealed truncated).
 
         Returns:
             The session ids removed (sorted).
@@ -348,10 +430,20 @@ class SessionManager:
         # so any domain in the listing belongs to a session already in ``_live`` (the other
         # order would reap a session created between the two reads).
         found = self.hypervisor.list_sessions()
-        with self._lock:
-            known = set(self._live)
-        removed = set()
-        for session_id in sorted(found - known):
+        removed: set[str] = set()
+        protected: set[str] = set()
+        if self.store is not None:
+            for record in self.store.records():
+                if record.session_id in self._live_ids():
+                    continue
+                why = self._unclaimed(record)
+                if why is None:
+                    protected.add(record.session_id)
+                else:
+                    self._reap_record(record, why)
+                    removed.add(record.session_id)
+        known = self._live_ids() | protected
+        for session_id in sorted(found - known - removed):
             with contextlib.suppress(DeskvmError):
                 self.hypervisor.destroy(session_id)
                 removed.add(session_id)
@@ -359,5 +451,163 @@ class SessionManager:
             # Under the lock: a session registers before it attaches, so none can attach
             # between reading the live ids and the egress listing its leftovers.
             with self._lock, contextlib.suppress(DeskvmError):
-                removed.update(self.egress.reap(frozenset(self._live)))
+                removed.update(self.egress.reap(frozenset(self._live) | protected))
         return sorted(removed)
+
+    def _live_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._live)
+
+    # --- bridge restarts ------------------------------------------------------------
+
+    def _unclaimed(self, record: SessionRecord) -> str | None:
+        """Why nobody will take ``record``'s session back, or ``None`` if someone may
+        (its server is alive, or gone less than ``adopt_grace_s`` ago)."""
+        if self.instance is None:
+            return None
+        if record.boot_id != boot_id():
+            return "the host rebooted since (its domain is gone)"
+        if record.owner == self.instance.name:
+            return None if record.session_id in self._live_ids() else (
+                "this server could not take it back after a restart"
+            )  # fmt: skip
+        gone_s = self.instance.gone_for_s(record.owner)
+        if gone_s is None:
+            return None
+        if record.state != "ready":
+            return f"its server {record.owner!r} stopped while it was starting"
+        if gone_s == float("inf"):
+            return f"its server {record.owner!r} is gone and cannot come back"
+        if gone_s < self.adopt_grace_s:
+            return None
+        return (
+            f"its server {record.owner!r} has been gone for {gone_s:.0f} s, more than the "
+            f"{self.adopt_grace_s:g} s grace period"
+        )
+
+    def _reap_record(self, record: SessionRecord, why: str) -> None:
+        """Tear down a session nobody will take back and seal its recording."""
+        sid = record.session_id
+        with contextlib.suppress(DeskvmError):
+            self.hypervisor.destroy(sid)
+        if record.egress is not None and self.egress is not None:
+            with contextlib.suppress(DeskvmError):
+                self.egress.detach(sid)
+        if record.recording:
+            path = Path(record.recording)
+            if path.is_dir() and not writer_alive(path):
+                with contextlib.suppress(DeskvmError):
+                    seal(path, self._clock, reason=f"session ended by the reaper: {why}")
+        if self.store is not None:
+            self.store.delete(sid)
+
+    def adopt(self) -> AdoptReport:
+        """At server start: take back this server's sessions, reap what nobody will.
+
+        For every record in the store: a ready session of this server (same name, same
+        boot) is re-adopted (:meth:`Session.adopt`: domain, egress, recording continued
+        after a ``gap`` marker, deadlines, policy and extras from the record); a session
+        of another server is left alone while that server is alive or gone for less than
+        :attr:`adopt_grace_s`; everything else is torn down and its recording sealed
+        truncated. Then every recording still ``recording`` whose writer is dead and whose
+        session is nobody's is sealed (:func:`orchestrator.recorder.seal`).
+
+        Returns:
+            What was adopted, reaped, left waiting and sealed.
+        """
+        report = AdoptReport()
+        if self.store is not None and self.instance is not None:
+            for record in self.store.records():
+                sid = record.session_id
+                if sid in self._live_ids():
+                    continue
+                mine = record.owner == self.instance.name
+                if mine and record.state == "ready" and record.boot_id == boot_id():
+                    try:
+                        self._adopt_one(record)
+                    except DeskvmError as exc:
+                        report.failed[sid] = exc.message
+                        self._reap_record(record, f"could not be re-adopted: {exc.message}")
+                    else:
+                        report.adopted.append(sid)
+                    continue
+                why = "this server stopped while it was starting" if mine else None
+                why = why or self._unclaimed(record)
+                if why is None:
+                    report.waiting.append(sid)
+                else:
+                    self._reap_record(record, why)
+                    report.reaped[sid] = why
+        report.sealed = self._seal_orphan_recordings(set(report.waiting))
+        return report
+
+    def _adopt_one(self, record: SessionRecord) -> Session:
+        if record.recording is None:
+            raise ConfigError(f"session {record.session_id} has no recording to continue")
+        recorder = FileRecorder.reopen(Path(record.recording), self._clock, reason=GAP_REASON)
+        try:
+            session = Session.adopt(
+                record,
+                hypervisor=self.hypervisor,
+                recorder=recorder,
+                clock=self._clock,
+                pacing=self._pacing,
+                egress=self.egress,
+                capture_fps=self._capture_fps,
+                store=self.store,
+                owner=self.owner,
+            )
+        except BaseException:
+            with contextlib.suppress(DeskvmError):
+                recorder.close(status="closed_with_errors")
+            raise
+        with self._lock:
+            self._live[session.id] = session
+        return session
+
+    def _seal_orphan_recordings(self, keep: set[str]) -> list[str]:
+        """Seal recordings left ``recording`` by a dead writer whose session nobody runs."""
+        sealed: list[str] = []
+        root = self._recordings_dir
+        if not root.is_dir():
+            return sealed
+        live = self._live_ids()
+        for path in sorted(root.iterdir()):
+            if path.name in live or path.name in keep or not path.is_dir():
+                continue
+            try:
+                status = json.loads((path / "manifest.json").read_text()).get("status")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if status != "recording" or writer_alive(path):
+                continue
+            with contextlib.suppress(DeskvmError):
+                seal(
+                    path,
+                    self._clock,
+                    reason="the server recording this session stopped (killed or crashed) "
+                    "and no server took the session back",
+                )
+                sealed.append(path.name)
+        return sealed
+
+    def detach_all(
+        self, *, reason: str = "server shutdown; the session keeps running"
+    ) -> list[str]:
+        """Leave every live session running for a restarted server (graceful exit with
+        ``--on-exit keep``): each is detached (:meth:`Session.detach`), its record kept.
+
+        Returns:
+            The session ids left running.
+        """
+        kept = []
+        for session in self.live():
+            if session.state != "ready":
+                with contextlib.suppress(DeskvmError):
+                    self.delete(session.id, reason="server shutdown while starting")
+                continue
+            session.detach(reason=reason)
+            with self._lock:
+                self._live.pop(session.id, None)
+            kept.append(session.id)
+        return kept

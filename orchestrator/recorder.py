@@ -195,6 +195,15 @@ class Recorder(Protocol):
         """Finish the recording (idempotent)."""
         ...
 
+    def detach(self, *, reason: str) -> None:
+        """Stop writing but leave the recording open for a later writer (idempotent).
+
+        Appends a ``marker`` ``{"event": "detached", "reason"}``, finishes the open video
+        segment and lets go of the bundle; its status stays ``recording`` until a
+        restarted server continues it (``FileRecorder.reopen``) or seals it.
+        """
+        ...
+
 
 class _ChainedLog:
     """Shared sequencing, hashing and secret keying of both recorders."""
@@ -271,6 +280,11 @@ class MemoryRecorder(_ChainedLog):
 
     def close(self, *, status: str = "closed") -> None:
         self.closed_status = status
+
+    def detach(self, *, reason: str) -> None:
+        if self.closed_status is None:
+            self.append("marker", {"event": "detached", "reason": reason})
+            self.closed_status = "detached"
 
 
 class FileRecorder(_ChainedLog):
@@ -554,6 +568,18 @@ class FileRecorder(_ChainedLog):
             "first_pts_ns": segment.first_pts_ns, "last_pts_ns": segment.last_pts_ns,
         }  # fmt: skip
         self._write(self._next("media", data, "system"))
+
+    def detach(self, *, reason: str) -> None:
+        """See :meth:`Recorder.detach` (the writer's lock is released)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with contextlib.suppress(RecorderError):
+                self._finish_segment()
+            with contextlib.suppress(RecorderError):
+                self._write(self._next("marker", {"event": "detached", "reason": reason}, "system"))
+            self._events.close()
 
     def close(self, *, status: str = "closed", **manifest: Any) -> None:
         """Finish the recording (idempotent): the open segment, then the manifest.

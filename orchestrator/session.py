@@ -17,9 +17,12 @@ independent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Literal
 
 import numpy as np
@@ -36,7 +39,7 @@ from agent_bridge.protocol.actions import (
     action_name,
     action_to_dict,
 )
-from agent_bridge.protocol.keys import text_to_combos
+from agent_bridge.protocol.keys import MODIFIER_QCODES, text_to_combos
 from agent_bridge.protocol.messages import check_bounds
 from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result
 from orchestrator.approval import ApprovalPolicy, TypedWindow
@@ -62,10 +65,15 @@ from orchestrator.errors import (
 from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
 from orchestrator.imaging import encode_png as _encode_png
 from orchestrator.input_plan import HelperStep, Pacing, PlanStep, plan_action, release_all
+from orchestrator.instance import boot_id
 from orchestrator.recorder import Recorder, Source
 from orchestrator.spec import ReadyCheck, SessionSpec
+from orchestrator.store import SessionRecord, SessionStore, spec_to_json
 
 __all__ = [
+    "CLOSED_DOMAIN_STOPPED",
+    "CLOSED_IDLE",
+    "CLOSED_TTL",
     "DECISION_LOG_LAG_S",
     "PROBE_READY_MARKER",
     "READY_MARKER",
@@ -81,6 +89,16 @@ __all__ = [
 READY_MARKER = b"DESKVM_READY"
 PROBE_READY_MARKER = b'"ev":"probe_ready"'
 """The input probe's readiness line on the guest log (mapped, full-screen, text focused)."""
+
+CLOSED_TTL = "ttl expired"
+"""``closed_reason`` of a session ended because it reached its ``ttl_s``."""
+CLOSED_DOMAIN_STOPPED = "the domain stopped (guest powered off, crashed or was killed)"
+"""``closed_reason`` of a ready session whose QEMU process went away (e.g. the host's
+memory hard limit killed it)."""
+CLOSED_IDLE = "idle timeout"
+"""``closed_reason`` of a session ended after ``idle_timeout_s`` without an action."""
+
+_ALL_BUTTONS = frozenset({"left", "middle", "right", "side", "extra"})
 
 DECISION_LOG_LAG_S = 2.0
 """How late an egress decision may reach its log (dnsmasq stamps whole seconds)."""
@@ -232,6 +250,15 @@ class Session:
         capture_fps: continuous capture rate once ready (frames per second; ``None``: no
             continuous capture and no stills at input moments, only screenshots).
         network_poll_s: how often egress decisions are drained into the recording (s).
+        store: where the session keeps its :class:`~orchestrator.store.SessionRecord`
+            (spec, deadlines, policy, recording, egress, extras) so that a restarted
+            server can re-adopt it; ``None``: nothing is kept.
+        owner: the name of the server instance running it (written into its record).
+
+    Deadlines: ``ttl_s`` counts from :attr:`created_ns`, ``idle_timeout_s`` from
+    :attr:`last_action_ns`, both on the ``CLOCK_MONOTONIC`` clock that every process of
+    the boot shares, and both are in the record; a session is expired the moment a
+    deadline passes (:meth:`expiry`), whether or not the sweeper has ended it yet.
 
     Raises:
         ConfigError: ``spec.egress`` is set but no ``egress`` seam was given.
@@ -250,6 +277,8 @@ class Session:
         ready_poll_s: float = 0.5,
         capture_fps: float | None = None,
         network_poll_s: float = 1.0,
+        store: SessionStore | None = None,
+        owner: str = "",
     ) -> None:
         if spec.egress is not None and egress is None:
             raise ConfigError(
@@ -297,10 +326,21 @@ class Session:
         self._capture_fps = capture_fps
         self._frames: FrameCapture | None = None
         self._secrets: list[str] = []
-        self.approval_policy: ApprovalPolicy | None = None
-        """Which actions wait for an operator (``None``: none); see :meth:`execute`."""
+        self._approval_policy: ApprovalPolicy | None = None
         self.typed = TypedWindow()
         """What was typed into the guest lately (text approval rules match across actions)."""
+        self._store = store
+        self.owner = owner
+        """The name of the server instance running this session."""
+        self.created_at: datetime = self._clock.wall()
+        """Wall clock (UTC) when the session was registered."""
+        self.ready_at: datetime | None = None
+        """Wall clock (UTC) when the desktop was first drawn."""
+        self.extras: dict[str, Any] = {}
+        """State of the layers above kept in the session's record (see :meth:`set_extra`)."""
+        self._deadline_lock = threading.Lock()
+        self._expired: str | None = None
+        self._store_error_reported = False
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -356,6 +396,7 @@ class Session:
                 **({"autostart": self.spec.autostart} if self.spec.autostart else {}),
             },
         )
+        self._persist_quietly()  # "starting": a restart tears such a session down
         try:
             if self._egress is not None and self.spec.egress is not None:
                 self._attach_egress()
@@ -379,6 +420,7 @@ class Session:
             self._teardown(reason="start failed")
             raise
         self.ready_ns = self._clock.monotonic_ns()
+        self.ready_at = self._clock.wall()
         self.last_action_ns = self.ready_ns
         self.boot_s = (self.ready_ns - t0) / 1e9
         with self._state_lock:
@@ -386,6 +428,7 @@ class Session:
                 raise SessionClosed(f"session {self.id} was closed while starting")
             self._state = "ready"
         self._recorder.append("lifecycle", {"event": "ready", "boot_s": round(self.boot_s, 3)})
+        self._persist_quietly()
 
     def _start_capture(self) -> None:
         """Start the capture loop of the running domain's screen (once).
@@ -577,6 +620,8 @@ class Session:
         self._write_guest_log_copy()
         with contextlib.suppress(DeskvmError):
             self._recorder.close(status="closed" if not errors else "closed_with_errors")
+        if self._store is not None:
+            self._store.delete(self.id)
         if self._state != "failed":
             self._state = "closed"
         if errors:
@@ -620,6 +665,335 @@ class Session:
             with contextlib.suppress(OSError):
                 (path / "guest.log").write_bytes(guest_log)
                 (path / "console.log").write_text(console)
+
+    # --- persistence, deadlines, adoption (a bridge restart loses no session) -----------
+
+    @property
+    def approval_policy(self) -> ApprovalPolicy | None:
+        """Which actions wait for an operator (``None``: none); see :meth:`execute`.
+
+        Setting it stores it in the session's record.
+        """
+        return self._approval_policy
+
+    @approval_policy.setter
+    def approval_policy(self, policy: ApprovalPolicy | None) -> None:
+        self._approval_policy = policy
+        self._persist_quietly()
+
+    def set_extra(self, key: str, value: Any) -> None:
+        """Keep ``value`` (JSON-ready) under ``key`` in the session's record, now.
+
+        For the layers above (the bridge keeps the session's token ids and revocations
+        here, so a restarted bridge refuses what was revoked).
+
+        Raises:
+            StoreError: the record could not be written (the value is not kept).
+        """
+        old = self.extras.get(key)
+        self.extras[key] = value
+        try:
+            self.persist()
+        except DeskvmError:
+            self.extras[key] = old
+            raise
+
+    def record(self) -> SessionRecord:
+        """What a restarted server needs to carry on with this session."""
+        path = self._recorder.path
+        attachment = self.egress_attachment
+        policy = self._approval_policy
+        return SessionRecord(
+            session_id=self.id,
+            owner=self.owner,
+            boot_id=boot_id(),
+            state="ready" if self._state == "ready" else "starting",
+            spec=spec_to_json(self.spec),
+            created_ns=self.created_ns,
+            last_action_ns=self.last_action_ns,
+            ready_ns=self.ready_ns,
+            boot_s=self.boot_s,
+            created_at=self.created_at.isoformat(),
+            ready_at=None if self.ready_at is None else self.ready_at.isoformat(),
+            recording=None if path is None else str(path),
+            cursor=self._cursor,
+            approval_policy=None if policy is None else policy.to_json(),
+            typed_text=self.typed.to_json(),
+            egress=None if attachment is None else dataclasses.asdict(attachment),
+            extras=dict(self.extras),
+        )
+
+    def persist(self) -> None:
+        """Write the session's record to its store (no-op without one, or once ended).
+
+        Raises:
+            StoreError: it could not be written.
+        """
+        if self._store is not None and self._state in ("starting", "ready"):
+            self._store.save(self.record())
+
+    def _persist_quietly(self) -> None:
+        try:
+            self.persist()
+        except DeskvmError as exc:
+            # The session goes on (its deadlines are still enforced in this process); the
+            # recording says once that a restart might not find it.
+            if not self._store_error_reported:
+                self._store_error_reported = True
+                with contextlib.suppress(DeskvmError):
+                    self._recorder.append("marker", {"event": "store_error", "error": exc.message})
+
+    @property
+    def ttl_deadline_ns(self) -> int | None:
+        """When ``ttl_s`` runs out (``CLOCK_MONOTONIC`` ns), or ``None``."""
+        ttl_s = self.spec.ttl_s
+        return None if ttl_s is None else self.created_ns + int(ttl_s * 1e9)
+
+    @property
+    def idle_deadline_ns(self) -> int | None:
+        """When ``idle_timeout_s`` runs out without an action (ready sessions), or ``None``."""
+        idle_s = self.spec.idle_timeout_s
+        if idle_s is None or self._state != "ready":
+            return None
+        return self.last_action_ns + int(idle_s * 1e9)
+
+    def seconds_left(self) -> tuple[float | None, float | None]:
+        """Seconds until the ttl and the idle deadline (``None``: no such deadline)."""
+        now_ns = self._clock.monotonic_ns()
+        ttl, idle = self.ttl_deadline_ns, self.idle_deadline_ns
+        return (
+            None if ttl is None else (ttl - now_ns) / 1e9,
+            None if idle is None else (idle - now_ns) / 1e9,
+        )
+
+    def _expiry_locked(self, now_ns: int) -> str | None:
+        if self._expired is None:
+            ttl, idle = self.ttl_deadline_ns, self.idle_deadline_ns
+            if ttl is not None and now_ns >= ttl:
+                self._expired = CLOSED_TTL
+            elif idle is not None and now_ns >= idle:
+                self._expired = CLOSED_IDLE
+        return self._expired
+
+    def expiry(self) -> str | None:
+        """:data:`CLOSED_TTL` or :data:`CLOSED_IDLE` once a deadline has passed, else
+        ``None``. Sticky: once expired, always expired (an extension comes too late)."""
+        with self._deadline_lock:
+            return self._expiry_locked(self._clock.monotonic_ns())
+
+    def extend_ttl(self, ttl_s: float, *, max_ttl_s: float | None) -> None:
+        """Set the session's lifetime to ``ttl_s`` seconds from its creation.
+
+        Atomic with :meth:`expiry` (one lock): an extension that comes before the
+        deadline holds (the new deadline is stored before this returns, so a restart or
+        the sweeper never ends the session early); one that comes at or after it fails
+        and the session stays expired. It may shorten the lifetime too.
+
+        Args:
+            ttl_s: the new total lifetime, seconds (more than the session has run).
+            max_ttl_s: the server's maximum (``None``: no maximum).
+
+        Raises:
+            ConfigError: ``ttl_s`` not positive, above ``max_ttl_s``, or not more than the
+                session has already run (it would end now).
+            SessionClosed: code ``session_expired``: a deadline had already passed; or
+                ``session_closed``: the session has ended.
+            StoreError: the new deadline could not be stored (it is not taken).
+        """
+        if not ttl_s > 0:
+            raise ConfigError(f"ttl_s must be positive, got {ttl_s:g}")
+        if max_ttl_s is not None and ttl_s > max_ttl_s:
+            raise ConfigError(
+                f"ttl_s {ttl_s:g} is above this server's maximum of {max_ttl_s:g} s "
+                "(deskvm serve --max-ttl-s)"
+            )
+        with self._deadline_lock:
+            if self._state not in ("starting", "ready") or self._closing.is_set():
+                raise SessionClosed(f"session {self.id} is {self._state}")
+            now_ns = self._clock.monotonic_ns()
+            expired = self._expiry_locked(now_ns)
+            if expired is not None:
+                raise SessionClosed(
+                    f"session {self.id} has already expired ({expired}); it is being ended",
+                    code="session_expired",
+                )
+            ran_s = (now_ns - self.created_ns) / 1e9
+            if self.created_ns + int(ttl_s * 1e9) <= now_ns:
+                raise ConfigError(
+                    f"ttl_s {ttl_s:g} would end the session now: it has run {ran_s:.1f} s"
+                )
+            old = self.spec
+            self.spec = dataclasses.replace(old, ttl_s=ttl_s)
+            try:
+                self.persist()
+            except DeskvmError:
+                self.spec = old
+                raise
+        with contextlib.suppress(DeskvmError):
+            self._recorder.append("lifecycle", {"event": "ttl", "ttl_s": ttl_s, "ran_s": ran_s})
+
+    @classmethod
+    def adopt(
+        cls,
+        record: SessionRecord,
+        *,
+        hypervisor: Hypervisor,
+        recorder: Recorder,
+        clock: Clock | None = None,
+        pacing: Pacing | None = None,
+        egress: Egress | None = None,
+        capture_fps: float | None = None,
+        network_poll_s: float = 1.0,
+        store: SessionStore | None = None,
+        owner: str = "",
+    ) -> Session:
+        """Take back a running session from its record after a server restart.
+
+        The domain keeps running under libvirt (QMP is reached through libvirt again, the
+        guest helper's socket is reconnected), the egress is re-adopted (its resolver and
+        packet logger restarted if they died with the server), every modifier key and
+        button is released (the old server may have died mid-action), continuous capture
+        resumes, and the recording (``recorder``, reopened with a ``gap`` marker) gets an
+        ``adopted`` lifecycle event. Deadlines, cursor, approval policy, recent typed text
+        and extras come from the record.
+
+        Args:
+            record: the session's record (state ``ready``).
+            recorder: its recording, reopened (``FileRecorder.reopen``).
+            hypervisor, clock, pacing, egress, capture_fps, network_poll_s, store, owner:
+                as for the constructor.
+
+        Raises:
+            ConfigError: the record is not a ready session or its spec is invalid.
+            HypervisorError, EgressError, DisplayError: the domain or its egress cannot
+                be taken back; the session is then ended (domain destroyed, egress
+                detached, recording closed with the reason) before the error propagates.
+        """
+        if record.state != "ready":
+            raise ConfigError(f"session {record.session_id} was still starting; not adoptable")
+        session = cls(
+            record.session_spec,
+            hypervisor=hypervisor,
+            recorder=recorder,
+            clock=clock,
+            pacing=pacing,
+            egress=egress,
+            capture_fps=capture_fps,
+            network_poll_s=network_poll_s,
+            store=store,
+            owner=owner,
+        )
+        session.created_ns = record.created_ns
+        session.last_action_ns = record.last_action_ns
+        session.ready_ns = record.ready_ns
+        session.boot_s = record.boot_s
+        if record.created_at:
+            session.created_at = datetime.fromisoformat(record.created_at)
+        if record.ready_at:
+            session.ready_at = datetime.fromisoformat(record.ready_at)
+        if record.cursor is not None:
+            session._cursor = (int(record.cursor[0]), int(record.cursor[1]))
+        if record.approval_policy is not None:
+            session._approval_policy = ApprovalPolicy.from_json(record.approval_policy)
+        session.typed = TypedWindow.from_json(record.typed_text)
+        session.extras = dict(record.extras)
+        session._state = "ready"
+        try:
+            session._take_back(record)
+        except BaseException as exc:
+            detail = exc.message if isinstance(exc, DeskvmError) else repr(exc)
+            session._state = "closing"
+            with contextlib.suppress(DeskvmError):
+                session._teardown(reason=f"could not be re-adopted after a restart: {detail}")
+            raise
+        return session
+
+    def _take_back(self, record: SessionRecord) -> None:
+        spec = self.spec
+        if spec.egress is not None:
+            assert self._egress is not None
+            self._egress_attached = True  # detached at teardown even if adoption fails
+            self.egress_attachment = self._egress.adopt(self.id, spec.egress)
+            self._decisions_seen = self._recorded_decisions()
+        self._domain = self._hypervisor.adopt(spec)
+        step = release_all(set(MODIFIER_QCODES), set(_ALL_BUTTONS))
+        self._domain.display.send(
+            step.events, width_px=spec.display.width_px, height_px=spec.display.height_px
+        )
+        now_ns = self._clock.monotonic_ns()
+        self._recorder.append(
+            "lifecycle",
+            {
+                "event": "adopted",
+                "by": self.owner,
+                "ttl_left_s": None
+                if self.ttl_deadline_ns is None
+                else round((self.ttl_deadline_ns - now_ns) / 1e9, 3),
+                "egress": self.egress_attachment is not None,
+            },
+        )
+        self._recorder.append(
+            "injected", {"events": _describe_steps([step]), "why": "released after adoption"}
+        )
+        if self._egress is not None:
+            self._poller = threading.Thread(
+                target=self._poll_decisions, name=f"deskvm-net-{self.id}", daemon=True
+            )
+            self._poller.start()
+        self._start_capture()
+        self.persist()
+
+    def _recorded_decisions(self) -> set[tuple[tuple[object, ...], int]]:
+        """Identities of the network decisions already in the recording (after a restart
+        the decision logs are read again from their start)."""
+        seen: set[tuple[tuple[object, ...], int]] = set()
+        path = self._recorder.path
+        if path is None:
+            return seen
+        with contextlib.suppress(OSError), (path / "events.jsonl").open(encoding="utf-8") as f:
+            for line in f:
+                if '"kind":"network"' not in line:
+                    continue
+                try:
+                    data = json.loads(line)["data"]
+                    if "kind" in data:
+                        decision = decision_from_json(data, self.id)
+                        self._decisions.append(decision)
+                        seen.add((decision.retry_key, decision.ts_ns))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return seen
+
+    def detach(self, *, reason: str) -> None:
+        """Leave the session running for a restarted server (graceful exit that keeps
+        sessions): capture and the network poller stop (settled decisions are recorded),
+        the recording gets a ``detached`` marker and is left open for
+        ``FileRecorder.reopen``, the record is written. The domain, its overlay and its
+        egress stay; this object is done with it.
+        """
+        with self._state_lock:
+            if self._state != "ready":
+                return
+            self._state = "closing"  # no more actions through this object
+        self._closing.set()
+        if self._frames is not None:
+            self._frames.stop()
+        self._poller_stop.set()
+        if self._poller is not None and self._poller is not threading.current_thread():
+            self._poller.join(timeout=10)
+        with contextlib.suppress(DeskvmError):
+            self.drain_network()
+        self._state = "ready"
+        with contextlib.suppress(DeskvmError):
+            self.persist()
+        self._state = "closing"
+        with contextlib.suppress(DeskvmError):
+            self._recorder.detach(reason=reason)
+        if self._domain is not None and self._domain.helper is not None:
+            with contextlib.suppress(DeskvmError):
+                self._domain.helper.close()
+        self.closed_reason = f"detached: {reason}"
+        self._state = "closed"
 
     # --- observation ----------------------------------------------------------------
 
@@ -691,6 +1065,10 @@ class Session:
         with self._lock:
             if self._state != "ready":
                 raise SessionClosed(f"session {self.id} is {self._state}")
+            expired = self.expiry()
+            if expired is not None:
+                # A passed deadline ends the session even before the sweeper gets to it.
+                raise SessionClosed(f"session {self.id} has expired ({expired})")
             if gate is not None:
                 reason = self.approval_reason(action)
                 if reason is not None:
@@ -749,6 +1127,7 @@ class Session:
                 self._release_everything()
                 raise
             self._recorder.append("result", _result_record(action, result))
+            self._persist_quietly()  # last action (the idle deadline), cursor, typed text
             return result
 
     def _plan(self, action: Action) -> list[PlanStep]:

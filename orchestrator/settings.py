@@ -7,7 +7,9 @@ server at start-up, never at import time. Variables: ``DESKVM_STATE_DIR``,
 ``DESKVM_CAPTURE_FPS`` (0 turns continuous capture off), ``DESKVM_MAX_TOTAL_MEMORY_MIB``,
 ``DESKVM_MEMORY_OVERHEAD_MIB``, ``DESKVM_SESSION_TTL_S``, ``DESKVM_IDLE_TIMEOUT_S``,
 ``DESKVM_TOKEN_MAX_TTL_S``, ``DESKVM_ALLOWED_ORIGINS`` (comma-separated),
-``DESKVM_EGRESS_UPSTREAM_IFACE``, ``DESKVM_EGRESS_UPSTREAM_DNS`` (``IP[,IP]``).
+``DESKVM_EGRESS_UPSTREAM_IFACE``, ``DESKVM_EGRESS_UPSTREAM_DNS`` (``IP[,IP]``),
+``DESKVM_SESSION_MAX_TTL_S``, ``DESKVM_ADOPT_GRACE_S``, ``DESKVM_ON_EXIT`` (close|keep),
+``DESKVM_SERVER_NAME``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,16 @@ class Settings:
             ``None``: no egress on this host (sessions with a policy are refused).
         egress_upstream_dns: resolvers the per-session DNS forwards allowlisted names to
             (addresses, reached through ``egress_upstream_iface``); required with it.
+        session_max_ttl_s: the longest lifetime a session may be given, at create or by
+            ``PATCH /v1/sessions/{id}``, seconds.
+        adopt_grace_s: how long the sessions of a named server that went away (crash,
+            kill -9, ``--on-exit keep``) keep running for it to restart and re-adopt them;
+            then any server of the installation reaps them, seconds.
+        on_exit: what a graceful shutdown does with running sessions: ``close`` them, or
+            ``keep`` them running for a restart (``deskvm serve --on-exit``).
+        server_name: this server's name in the installation (its sessions' owner; a
+            restart under the same name re-adopts them); ``None``: the CLI's default
+            (``serve-<port>``), or an ephemeral name for in-process servers.
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -85,6 +97,25 @@ class Settings:
     max_typed_chars_per_s: float = 200.0
     egress_upstream_iface: str | None = None
     egress_upstream_dns: tuple[str, ...] = ()
+    session_max_ttl_s: float = 7 * 86400.0
+    adopt_grace_s: float = 300.0
+    on_exit: Literal["close", "keep"] = "close"
+    server_name: str | None = None
+
+    @property
+    def session_state_dir(self) -> Path:
+        """Session records for bridge restarts (``orchestrator.store``)."""
+        return self.state_dir / "session-state"
+
+    @property
+    def instances_dir(self) -> Path:
+        """Lock and heartbeat files of the installation's servers (``orchestrator.instance``)."""
+        return self.sessions_dir / ".instances"
+
+    @property
+    def token_key_file(self) -> Path:
+        """The installation's token signing key (0600): minted tokens outlive a restart."""
+        return self.state_dir / "token-signing.key"
 
     @property
     def images_dir(self) -> Path:
@@ -156,6 +187,14 @@ class Settings:
                 values["egress_upstream_iface"] = env["DESKVM_EGRESS_UPSTREAM_IFACE"]
             if env.get("DESKVM_EGRESS_UPSTREAM_DNS"):
                 values["egress_upstream_dns"] = split_csv(env["DESKVM_EGRESS_UPSTREAM_DNS"])
+            if env.get("DESKVM_SESSION_MAX_TTL_S"):
+                values["session_max_ttl_s"] = float(env["DESKVM_SESSION_MAX_TTL_S"])
+            if env.get("DESKVM_ADOPT_GRACE_S"):
+                values["adopt_grace_s"] = float(env["DESKVM_ADOPT_GRACE_S"])
+            if env.get("DESKVM_ON_EXIT"):
+                values["on_exit"] = env["DESKVM_ON_EXIT"]
+            if env.get("DESKVM_SERVER_NAME"):
+                values["server_name"] = env["DESKVM_SERVER_NAME"]
         except ValueError as exc:
             raise ConfigError(f"malformed DESKVM_* environment variable: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -170,6 +209,18 @@ class Settings:
             raise ConfigError("token_ttl_s must be positive and at most token_max_ttl_s")
         if isinstance(settings.egress_upstream_dns, str):
             settings = settings.replace(egress_upstream_dns=split_csv(settings.egress_upstream_dns))
+        if settings.on_exit not in ("close", "keep"):
+            raise ConfigError(f"on_exit must be close or keep, not {settings.on_exit!r}")
+        if not settings.session_max_ttl_s > 0 or settings.adopt_grace_s < 0:
+            raise ConfigError("session_max_ttl_s must be positive and adopt_grace_s >= 0")
+        if (
+            settings.session_ttl_s is not None
+            and settings.session_ttl_s > settings.session_max_ttl_s
+        ):
+            raise ConfigError(
+                f"the default session ttl ({settings.session_ttl_s:g} s) is above the maximum "
+                f"({settings.session_max_ttl_s:g} s)"
+            )
         if bool(settings.egress_upstream_iface) != bool(settings.egress_upstream_dns):
             raise ConfigError(
                 "egress needs both an upstream interface and upstream DNS servers "

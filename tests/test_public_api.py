@@ -12,6 +12,8 @@ MODULES = [
     "orchestrator.settings",
     "orchestrator.clock",
     "orchestrator.recorder",
+    "orchestrator.instance",
+    "orchestrator.store",
     "orchestrator.replay",
     "orchestrator.session",
     "orchestrator.manager",

@@ -64,9 +64,13 @@ def create_app(
         desk: where actions held for approval wait (default: a new one).
 
     Returns:
-        A FastAPI app. Its lifespan runs ``manager.sweep`` (TTL, idle timeout, reaper) at
-        start and every ``settings.sweep_interval_s`` in a background thread, and closes
-        every live session (``manager.close_all``) on shutdown.
+        A FastAPI app. Its lifespan first takes back the sessions an earlier run of this
+        server left running (``manager.adopt``: their tokens and approval policies come
+        back too), runs ``manager.sweep`` (TTL, idle timeout, reaper) at start and every
+        ``settings.sweep_interval_s`` in a background thread (with the server instance's
+        heartbeat), and on shutdown closes every live session (``manager.close_all``), or
+        with ``settings.on_exit == "keep"`` leaves them running for a restart
+        (``manager.detach_all``).
 
     Raises:
         ConfigError: ``token`` is empty.
@@ -92,6 +96,8 @@ def create_app(
         lifespan=_lifespan,
         dependencies=[known_query_only],
     )
+    if state.authority.on_change is None:
+        state.authority.on_change = state.store_tokens
     app.state.bridge = state
     install_error_handlers(app)
 
@@ -125,17 +131,51 @@ def _sweep_once(manager: SessionManager) -> None:
         log.warning("reaped leftovers of unknown sessions: %s", ", ".join(reaped))
 
 
+def _adopt(state: BridgeState) -> None:
+    """Take back what an earlier run of this server left running (see
+    ``SessionManager.adopt``), with each session's tokens."""
+    manager = state.manager
+    report = manager.adopt()
+    for session_id in report.adopted:
+        with contextlib.suppress(DeskvmError):
+            session = manager.get(session_id)
+            tokens = session.extras.get("tokens")
+            if tokens:
+                state.authority.import_session(session_id, tokens)
+        log.warning("re-adopted session %s after a restart", session_id)
+    for session_id, why in report.failed.items():
+        log.error("could not re-adopt session %s (it was ended): %s", session_id, why)
+    for session_id, why in report.reaped.items():
+        log.warning("reaped session %s: %s", session_id, why)
+    if report.waiting:
+        log.info(
+            "left running for their own server to restart (grace %g s): %s",
+            manager.adopt_grace_s,
+            ", ".join(report.waiting),
+        )
+    if report.sealed:
+        log.warning("sealed as truncated the recordings of: %s", ", ".join(report.sealed))
+
+
+def _heartbeat(manager: SessionManager) -> None:
+    if manager.instance is not None:
+        manager.instance.heartbeat()
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Sweep sessions (TTL, idle, leftovers) while serving; close them all at shutdown."""
+    """Take back sessions, sweep them (TTL, idle, leftovers) while serving; at shutdown
+    close them all, or leave them running for a restart (``settings.on_exit``)."""
     state: BridgeState = app.state.bridge
     manager = state.manager
     stop = threading.Event()
 
     def sweeper() -> None:
         while not stop.wait(state.settings.sweep_interval_s):
+            _heartbeat(manager)
             _sweep_once(manager)
 
+    await anyio.to_thread.run_sync(lambda: _adopt(state))
     await anyio.to_thread.run_sync(lambda: _sweep_once(manager))
     thread = threading.Thread(target=sweeper, name="deskvm-sweeper", daemon=True)
     thread.start()
@@ -144,11 +184,23 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         stop.set()
         await anyio.to_thread.run_sync(lambda: thread.join(timeout=30))
-        errors = await anyio.to_thread.run_sync(
-            lambda: manager.close_all(reason="server shutdown")
-        )
-        for error in errors:
-            log.error("teardown at shutdown failed: %s", error)
+        if state.settings.on_exit == "keep":
+            kept = await anyio.to_thread.run_sync(manager.detach_all)
+            if manager.instance is not None:
+                manager.instance.heartbeat(stopped=True)
+            if kept:
+                log.warning(
+                    "left %d session(s) running for a restart within %g s: %s",
+                    len(kept),
+                    manager.adopt_grace_s,
+                    ", ".join(kept),
+                )
+        else:
+            errors = await anyio.to_thread.run_sync(
+                lambda: manager.close_all(reason="server shutdown")
+            )
+            for error in errors:
+                log.error("teardown at shutdown failed: %s", error)
 
 
 def run_server(

@@ -31,6 +31,9 @@ __all__ = [
 log = logging.getLogger("deskvm.bridge")
 
 STATUS_BY_CODE: dict[str, int] = {
+    "session_expired": 409,
+    "store_error": 500,
+    "instance_busy": 409,
     "invalid_request": 422,
     "invalid_query": 422,
     "invalid_config": 422,

@@ -8,7 +8,7 @@ by the ``of`` class methods; nothing here does I/O.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +30,7 @@ __all__ = [
     "EgressRequest",
     "ErrorBody",
     "ErrorDetail",
+    "ExtendRequest",
     "HealthResponse",
     "LimitsModel",
     "MintTokenRequest",
@@ -303,6 +304,12 @@ class SessionInfo(BaseModel):
     limits: LimitsModel | None = None
     autostart: str | None = Field(None, description="what the guest started instead of the xterm")
     egress: EgressInfo | None = Field(None, description="null: no network device at all")
+    expires_at: datetime | None = Field(
+        None, description="UTC, when ttl_s runs out (PATCH ttl_s to move it); null: never"
+    )
+    idle_expires_at: datetime | None = Field(
+        None, description="UTC, when idle_timeout_s runs out unless an action comes first"
+    )
 
     @classmethod
     def of(
@@ -342,7 +349,29 @@ class SessionInfo(BaseModel):
                 idle_timeout_s=spec.idle_timeout_s,
             ),
             egress=EgressInfo.of(session),
+            **_expiries(session),
         )
+
+
+def _expiries(session: Session) -> dict[str, datetime | None]:
+    if session.state not in ("starting", "ready"):
+        return {}
+    now = datetime.now(UTC)
+    ttl_s, idle_s = session.seconds_left()
+    return {
+        "expires_at": None if ttl_s is None else now + timedelta(seconds=ttl_s),
+        "idle_expires_at": None if idle_s is None else now + timedelta(seconds=idle_s),
+    }
+
+
+class ExtendRequest(_Strict):
+    """Body of ``PATCH /v1/sessions/{id}``."""
+
+    ttl_s: float = Field(
+        gt=0,
+        description="the session's new maximum lifetime, seconds from its creation (not "
+        "from now): more than it has run, at most the server's maximum; may also shorten it",
+    )
 
 
 class HealthResponse(BaseModel):

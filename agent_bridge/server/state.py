@@ -18,7 +18,7 @@ from agent_bridge.server.models import SessionInfo
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.tokens import TokenAuthority
 from orchestrator.approval import ApprovalDesk
-from orchestrator.errors import DeskvmError
+from orchestrator.errors import DeskvmError, SessionNotFound
 from orchestrator.manager import SessionManager
 from orchestrator.session import Session
 from orchestrator.settings import Settings
@@ -79,9 +79,23 @@ class BridgeState:
             session,
             base_url=base_url,
             accel=self.accel,
-            created_at=self.book.created_at.get(session.id),
-            ready_at=self.book.ready_at.get(session.id),
+            created_at=self.book.created_at.get(session.id, session.created_at),
+            ready_at=self.book.ready_at.get(session.id, session.ready_at),
         )
+
+    def store_tokens(self, session_id: str) -> None:
+        """Keep ``session_id``'s token state (ids, revocations) in its record, so a
+        restarted bridge still refuses a revoked token (``TokenAuthority.on_change``).
+
+        Raises:
+            StoreError: the record could not be written.
+        """
+        try:
+            session = self.manager.get(session_id)
+        except SessionNotFound:
+            return
+        if session.state in ("starting", "ready"):
+            session.set_extra("tokens", self.authority.export_session(session_id))
 
     def forget_unknown(self) -> None:
         """Drop per-session bookkeeping of sessions the manager no longer knows."""

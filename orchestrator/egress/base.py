@@ -301,6 +301,20 @@ class Egress(Protocol):
         """
         ...
 
+    def adopt(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+        """Take back the attached session of a server that restarted.
+
+        The bridge, rules and logs stay as they are; a resolver or packet logger that did
+        not survive the old server (e.g. its service's processes were killed with it) is
+        started again with the same configuration. Decisions are read again from the
+        start of the session's logs.
+
+        Raises:
+            EgressError: the session is not attached here (or by another installation),
+                or its resolver/logger cannot be started.
+        """
+        ...
+
     def detach(self, session_id: str) -> None:
         """Remove everything of the session; idempotent, runs every step.
 

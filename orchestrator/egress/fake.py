@@ -42,8 +42,8 @@ class FakeEgress:
         zone: what the fake "internet" resolves (name -> addresses); names not in it
             are NXDOMAIN upstream.
         clock_ns: monotonic clock (inject a fake clock for deterministic timestamps).
-        fail_on: step names (``"attach"``, ``"detach"``) that raise ``EgressError``, to
-            test error paths.
+        fail_on: step names (``"attach"``, ``"adopt"``, ``"detach"``) that raise
+            ``EgressError``, to test error paths.
     """
 
     def __init__(
@@ -87,6 +87,19 @@ class FakeEgress:
             self._sessions[session_id] = (attachment, policy)
             self._resolved[session_id] = {}
             self._decisions[session_id] = []
+            return attachment
+
+    def adopt(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+        """See :meth:`orchestrator.egress.base.Egress.adopt` (in-process: the attachment
+        must still be in this fake)."""
+        validate_session_id(session_id)
+        if "adopt" in self.fail_on:
+            raise EgressError(f"adopt {session_id}: injected failure")
+        with self._lock:
+            if session_id not in self._sessions:
+                raise EgressError(f"session {session_id} is not attached")
+            attachment, _ = self._sessions[session_id]
+            self._sessions[session_id] = (attachment, policy)
             return attachment
 
     def detach(self, session_id: str) -> None:

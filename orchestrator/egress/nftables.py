@@ -80,9 +80,21 @@ _LABELLED_RE = re.compile(rf"^(?:fwd|back|in|post|nat|out_up|out_other|d4|d6)_({
 @dataclass
 class _Reader:
     dns: DnsLogParser
+    clock_offset_ns: int
+    """``time.time_ns() - time.monotonic_ns()`` fixed at attach (``clock.json``): log
+    times map to the same monotonic times in every process, so decisions read again by a
+    restarted server equal the recorded ones."""
     dns_offset: int = 0
     ulogd_offset: int = 0
     decisions: list[NetworkDecision] = field(default_factory=list)
+
+
+def _clock_offset(state: Path) -> int:
+    """The session's wall-to-monotonic offset (written at attach; measured now if absent)."""
+    try:
+        return int(json.loads((state / "clock.json").read_text())["wall_minus_monotonic_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return time.time_ns() - time.monotonic_ns()
 
 
 class NftEgress:
@@ -266,6 +278,9 @@ class NftEgress:
                     nflog_group=plan.nflog_group,
                 )
                 (state / "attachment.json").write_text(json.dumps(attachment_to_json(attachment)))
+                offset_ns = time.time_ns() - time.monotonic_ns()
+                clock = {"wall_minus_monotonic_ns": offset_ns}
+                (state / "clock.json").write_text(json.dumps(clock))
             except BaseException as exc:
                 failures = self._teardown(session_id)
                 note = f" (cleanup also failed: {'; '.join(failures)})" if failures else ""
@@ -274,8 +289,64 @@ class NftEgress:
                 if isinstance(exc, OSError):
                     raise EgressError(f"attach {session_id}: {exc}{note}") from exc
                 raise
-        self._readers[session_id] = _Reader(dns=DnsLogParser(session_id))
+        self._readers[session_id] = _Reader(DnsLogParser(session_id), offset_ns)
         return attachment
+
+    def adopt(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+        """See :meth:`orchestrator.egress.base.Egress.adopt`.
+
+        The bridge and the nft rules live in the kernel and the per-session dnsmasq and
+        ulogd are daemons (re-parented to init), so a server killed with SIGKILL leaves
+        them running; a service manager that kills the whole service (systemd's
+        ``KillMode=control-group``) takes them down with it. Whatever is not running any
+        more is started again with the session's configuration (its NFLOG group and lease
+        file are the same); the bridge and the rules must still be there.
+
+        Raises:
+            EgressError: not attached here, owned by another installation, its bridge or
+                rules are gone, or a daemon cannot be started.
+        """
+        validate_session_id(session_id)
+        with self._locked():
+            state = self._session_dir(session_id)
+            try:
+                owner = (state / "owner").read_text()
+                data = json.loads((state / "attachment.json").read_text())
+                attachment = EgressAttachment(**data)
+            except (OSError, ValueError, TypeError) as exc:
+                raise EgressError(f"session {session_id} is not attached here: {exc}") from exc
+            if owner != self.owner:
+                raise EgressError(f"session {session_id} belongs to another installation")
+            if not Path(f"/sys/class/net/{attachment.bridge}").exists():
+                raise EgressError(f"the bridge {attachment.bridge} of {session_id} is gone")
+            chains = [item.get("chain") for item in self._table_json()]
+            if not any(
+                isinstance(chain, dict) and chain.get("name") == f"fwd_{session_id}"
+                for chain in chains
+            ):
+                raise EgressError(f"the nft rules of {session_id} are gone")
+            slot = self.host.slot_of(self.installation, session_id)
+            if slot is None:
+                raise EgressError(f"session {session_id} has no subnet slot")
+            plan = self._plan(session_id, policy, slot)
+            try:
+                if not self._daemon_alive(state, "ulogd"):
+                    self._start_ulogd(plan, state)
+                if not self._daemon_alive(state, "dnsmasq"):
+                    self._run(dnsmasq_argv(plan, self.settings.dnsmasq_path, str(state)))
+            except OSError as exc:
+                raise EgressError(f"adopt {session_id}: {exc}") from exc
+        self._readers[session_id] = _Reader(DnsLogParser(session_id), _clock_offset(state))
+        return attachment
+
+    def _daemon_alive(self, state: Path, name: str) -> bool:
+        """Whether the session's ``name`` daemon (pid file, command line) still runs."""
+        try:
+            pid = int((state / f"{name}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return False
+        cmdline = _cmdline(pid)
+        return _alive(pid) and str(state) in cmdline and name in cmdline
 
     def detach(self, session_id: str) -> None:
         """See :meth:`orchestrator.egress.base.Egress.detach`."""
@@ -384,8 +455,11 @@ class NftEgress:
         if not state.is_dir():
             raise EgressError(f"session {session_id} is not attached")
         with self._mutex:
-            reader = self._readers.setdefault(session_id, _Reader(dns=DnsLogParser(session_id)))
-            offset_ns = time.time_ns() - time.monotonic_ns()
+            reader = self._readers.get(session_id)
+            if reader is None:
+                reader = _Reader(DnsLogParser(session_id), _clock_offset(state))
+                self._readers[session_id] = reader
+            offset_ns = reader.clock_offset_ns
             now_s = time.time()
             try:
                 reader.dns_offset, lines = _read_new(state / "dnsmasq.log", reader.dns_offset)

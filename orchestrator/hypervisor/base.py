@@ -123,6 +123,17 @@ class Hypervisor(Protocol):
         """
         ...
 
+    def adopt(self, spec: SessionSpec) -> Domain:
+        """Take back the running domain of ``spec`` (a restarted server's session).
+
+        Nothing is started or changed: the domain must be running and belong to this
+        installation; the display and the guest helper's channel are opened anew.
+
+        Raises:
+            HypervisorError: no such running domain of this installation.
+        """
+        ...
+
     def destroy(self, session_id: str) -> None:
         """Destroy the domain and delete the overlay and session files. Idempotent.
 

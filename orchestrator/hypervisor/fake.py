@@ -95,6 +95,7 @@ class FakeHypervisor:
     * ``"ready"``: the domain starts, then powers off at once (never becomes ready).
     * ``"destroy"``: :meth:`destroy` raises and leaves the domain behind (a leak the
       reaper must find).
+    * ``"adopt"``: :meth:`adopt` raises (the domain is left as it is).
 
     Args:
         accel: what the fake host "probed".
@@ -106,7 +107,7 @@ class FakeHypervisor:
     Attributes:
         domains: running fake domains by session id.
         fail_on: lifecycle step names that raise next time.
-        started, destroyed: session ids in call order.
+        started, destroyed, adopted: session ids in call order.
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class FakeHypervisor:
         self.fail_on: set[str] = set()
         self.started: list[str] = []
         self.destroyed: list[str] = []
+        self.adopted: list[str] = []
         self._lock = threading.Lock()
 
     @property
@@ -149,6 +151,17 @@ class FakeHypervisor:
             if self._injected("ready"):
                 domain.running = False
             self.started.append(spec.session_id)
+            return domain
+
+    def adopt(self, spec: SessionSpec) -> FakeDomain:
+        """See :meth:`Hypervisor.adopt` (in-process: the domain must still be in this fake;
+        an ``"adopt"`` failure can be injected)."""
+        with self._lock:
+            domain = self.domains.get(spec.session_id)
+            if self._injected("adopt") or domain is None or not domain.running:
+                raise HypervisorError(f"no running domain of session {spec.session_id}")
+            domain.spec = spec
+            self.adopted.append(spec.session_id)
             return domain
 
     def destroy(self, session_id: str) -> None:

@@ -4,21 +4,20 @@ QEMU runs as the unprivileged ``libvirt-qemu`` user under libvirt's seccomp sand
 DAC labelling; session files live in directories that user can reach.
 
 Several servers may share one installation (a test server beside ``deskvm serve``): each
-:class:`LibvirtHypervisor` is an *instance* holding an exclusive ``flock`` on
-``<sessions_dir>/.instances/<instance>.lock`` for its lifetime and writes its instance id
-into every session directory it creates. :meth:`LibvirtHypervisor.list_sessions` (what the
-reaper removes) skips sessions of other instances that are still alive; the lock of a
-process killed with SIGKILL is released by the kernel, so its leftovers are reaped.
+:class:`LibvirtHypervisor` belongs to a server :class:`~orchestrator.instance.Instance`
+(an exclusive ``flock`` on ``<sessions_dir>/.instances/<name>.lock`` for its lifetime) and
+writes the instance's name into every session directory it creates.
+:meth:`LibvirtHypervisor.list_sessions` (what the reaper removes) skips sessions of other
+instances that are still alive; the lock of a process killed with SIGKILL is released by
+the kernel, so its leftovers become reapable (the session manager keeps those a restarted
+server of the same name will re-adopt, see :meth:`LibvirtHypervisor.adopt`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import re
-import secrets
 import shutil
 import subprocess
 import threading
@@ -29,7 +28,13 @@ import libvirt
 
 from orchestrator.display.guest_helper import HelperChannel
 from orchestrator.display.qmp import QmpDisplay, keyboard_qom_path
-from orchestrator.errors import CapacityError, ConfigError, GuestHelperError, HypervisorError
+from orchestrator.errors import (
+    CapacityError,
+    ConfigError,
+    GuestHelperError,
+    HostSetupError,
+    HypervisorError,
+)
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.hypervisor.domain_xml import (
     KEYBOARD_ALIAS,
@@ -40,6 +45,7 @@ from orchestrator.hypervisor.domain_xml import (
     render_domain_xml,
     session_id_of,
 )
+from orchestrator.instance import Instance
 from orchestrator.spec import SessionSpec, validate_session_id
 
 _SESSION_DIR_RE = re.compile(r"^[a-z0-9]{12}$")
@@ -144,7 +150,14 @@ class LibvirtHypervisor:
         uri: libvirt connection URI.
     """
 
-    def __init__(self, sessions_dir: Path, *, accel: Accel, uri: str = "qemu:///system") -> None:
+    def __init__(
+        self,
+        sessions_dir: Path,
+        *,
+        accel: Accel,
+        uri: str = "qemu:///system",
+        instance: Instance | None = None,
+    ) -> None:
         self._sessions_dir = sessions_dir
         self._accel: Accel = accel
         self._uri = uri
@@ -152,66 +165,37 @@ class LibvirtHypervisor:
         self._lock = threading.Lock()
         self._caps: dict[str, int] = {}
         self._helpers: dict[str, HelperChannel] = {}
-        self.instance_id = secrets.token_hex(6)
-        """This instance's id, written into its session directories (``instance``)."""
-        self._instance_fd: int | None = self._hold_instance_lock()
+        self._own_instance = instance is None
+        try:
+            self.instance = instance or Instance(self._instances_dir)
+        except HostSetupError as exc:
+            raise HypervisorError(exc.message) from exc
+        """The server instance this hypervisor belongs to (an ephemeral one by default)."""
+        self.instance_id = self.instance.name
+        """The instance's name, written into its session directories (``instance``)."""
 
     @property
     def _instances_dir(self) -> Path:
         return self._sessions_dir / ".instances"
 
-    def _hold_instance_lock(self) -> int:
-        try:
-            self._instances_dir.mkdir(parents=True, exist_ok=True)
-            for stale in self._instances_dir.glob("*.lock"):
-                self._instance_alive(stale.stem)  # removes the lock files of dead instances
-            fd = os.open(
-                self._instances_dir / f"{self.instance_id}.lock",
-                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                0o600,
-            )
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            raise HypervisorError(f"cannot lock {self._instances_dir}: {exc}") from exc
-        return fd
-
     def _instance_alive(self, instance: str) -> bool:
-        """Whether the instance ``instance`` still holds its lock (removes a dead one's file)."""
-        if instance == self.instance_id:
-            return True
-        if not _INSTANCE_RE.match(instance):
-            return False
-        path = self._instances_dir / f"{instance}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return True
-        except OSError:
-            os.close(fd)
-            return False
-        with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
-        os.close(fd)
-        return False
+        """Whether the instance ``instance`` still holds its lock."""
+        return self.instance.alive(instance)
 
     @property
     def accel(self) -> Accel:
         return self._accel
 
     def close(self) -> None:
-        """Close the connection and drop this instance's lock (its sessions become reapable)."""
+        """Close the connection; an instance it made itself is released too (its sessions
+        become reapable). An instance passed in is its owner's to close."""
+        for helper in list(self._helpers.values()):
+            helper.close()
+        self._helpers.clear()
         with contextlib.suppress(libvirt.libvirtError):
             self._conn.close()
-        if self._instance_fd is not None:
-            with contextlib.suppress(OSError):
-                (self._instances_dir / f"{self.instance_id}.lock").unlink(missing_ok=True)
-            os.close(self._instance_fd)
-            self._instance_fd = None
+        if self._own_instance:
+            self.instance.close()
 
     def _paths(self, session_id: str) -> SessionPaths:
         return SessionPaths.under(self._sessions_dir, validate_session_id(session_id))
@@ -332,6 +316,47 @@ class LibvirtHypervisor:
             with contextlib.suppress(HypervisorError):
                 self.destroy(spec.session_id)
             raise HypervisorError(f"could not start session {spec.session_id}: {detail}") from exc
+
+    def adopt(self, spec: SessionSpec) -> LibvirtDomain:
+        """See :meth:`Hypervisor.adopt`: look the domain up, check it runs and belongs to
+        this installation, write this instance's name into its session directory, and open
+        the display (QMP through libvirt) and the guest helper's socket again.
+
+        Raises:
+            HypervisorError: no running domain of this installation for ``spec``.
+        """
+        paths = self._paths(spec.session_id)
+        try:
+            with self._lock:
+                dom = self._conn.lookupByName(domain_name(spec.session_id))
+            active = bool(dom.isActive())
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(
+                f"session {spec.session_id} has no domain any more: {exc.get_error_message()}"
+            ) from exc
+        if not active:
+            raise HypervisorError(f"the domain of session {spec.session_id} is not running")
+        if not self._owns(dom):
+            raise HypervisorError(
+                f"the domain of session {spec.session_id} belongs to another installation"
+            )
+        try:
+            (paths.root / "instance").write_text(self.instance_id)
+        except OSError as exc:
+            raise HypervisorError(f"session {spec.session_id} has no directory: {exc}") from exc
+        with self._lock:
+            self._caps[spec.session_id] = self.disk_cap_mib(spec)
+        helper = None
+        if spec.image.helper_port is not None:
+            helper = HelperChannel(paths.helper_socket)
+            try:
+                helper.connect()
+            except GuestHelperError as exc:
+                raise HypervisorError(
+                    f"cannot reconnect to the guest helper of {spec.session_id}: {exc}"
+                ) from exc
+            self._helpers[spec.session_id] = helper
+        return LibvirtDomain(self._conn, dom, spec.session_id, paths, helper)
 
     def destroy(self, session_id: str) -> None:
         paths = self._paths(session_id)

@@ -6,6 +6,8 @@ Traffic goes only to the namespaces the world creates (see :mod:`egress_world`).
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -240,3 +242,34 @@ def test_the_guard_forwards_nothing_but_session_traffic(bare_world: World) -> No
         assert not result["ok"], result
     finally:
         subprocess.run(["ip", "link", "del", "dvtplain0"], check=False)
+
+
+def test_a_restarted_server_adopts_the_egress_and_restarts_what_died(world: World) -> None:
+    """A bridge restart (issue 10, section 2): a new NftEgress of the same installation
+    takes the session back; a resolver killed with the old server's service is started
+    again; decisions read again from the logs equal the ones read before (so the
+    session records none twice), and DNS and filtering work as before."""
+    w = world
+    assert w.attachment is not None
+    sid, gateway = w.session_id, w.attachment.gateway_ip
+    w.dhcp()
+    assert w.probe("dns", gateway, "allowed.test")["ok"]
+    assert not w.probe("dns", gateway, "deny.test")["ok"]
+    deadline = time.monotonic() + 5
+    while len([d for d in w.egress.decisions(sid) if d.query]) < 2:
+        assert time.monotonic() < deadline, w.egress.decisions(sid)
+        time.sleep(0.2)
+    before = w.egress.decisions(sid)
+    # The old server's service is killed with it: its dnsmasq too (ulogd survives).
+    state = w.settings.state_dir / sid
+    os.kill(int((state / "dnsmasq.pid").read_text()), signal.SIGKILL)
+    time.sleep(0.2)
+    fresh = NftEgress(w.settings, owner=w.egress.owner)
+    assert fresh.adopt(sid, POLICY) == w.attachment
+    assert fresh.decisions(sid)[: len(before)] == before
+    assert w.probe("dns", gateway, "allowed.test")["ok"]  # the resolver is back
+    assert w.probe("tcp", "203.0.113.10", "80")["ok"]
+    assert not w.probe("tcp", "198.51.100.8", "80")["ok"]
+    with pytest.raises(EgressError, match="another installation"):
+        NftEgress(w.settings, owner="/elsewhere").adopt(sid, POLICY)
+    w.egress = fresh  # (the world detaches with it)

@@ -32,6 +32,7 @@ import pytest
 from agent_bridge.client import Client, RemoteError
 from agent_bridge.runtime import BackgroundServer, build_manager
 from agent_bridge.server import create_app
+from orchestrator.replay import verify
 from orchestrator.settings import Settings
 from tests.vm.conftest import window_box
 
@@ -318,11 +319,17 @@ def test_kill_9_server_mid_boot_then_restart_reaps_everything(
         assert leaked[0] in [d.name() for d in conn.listAllDomains(0)]
         assert (sessions_dir / sid / "overlay.qcow2").exists()
 
-        proc = _serve(port, token, env, log)  # reaps at start
+        # The same server (same port: same name) restarts: a session that was still
+        # booting cannot be taken back, so it is reaped at start, its recording sealed.
+        proc = _serve(port, token, env, log)
         assert leaked[0] not in [d.name() for d in conn.listAllDomains(0)]
         assert not (sessions_dir / sid).exists()
         assert ours() == []
-        assert f"reaped leftovers of dead sessions: {sid}" in log.read_text()
+        assert f"reaped session {sid}: this server stopped while it was starting" in (
+            log.read_text()
+        )
+        sealed = verify(state_dir / "recordings" / sid)
+        assert sealed.ok and sealed.truncated is not None, sealed
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

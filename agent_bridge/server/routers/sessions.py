@@ -19,7 +19,7 @@ from fastapi.responses import PlainTextResponse
 
 from agent_bridge.server.deps import BaseUrl, Bridge, SessionDep, SessionGuard, server_token
 from agent_bridge.server.errors import ERROR_RESPONSES
-from agent_bridge.server.models import CreateSessionRequest, SessionInfo
+from agent_bridge.server.models import CreateSessionRequest, ExtendRequest, SessionInfo
 from agent_bridge.server.state import BridgeState
 from orchestrator.errors import ConfigError
 from orchestrator.session import Session
@@ -47,6 +47,11 @@ async def create_session(
     is deleted.
     """
     settings = bridge.settings
+    if body.ttl_s is not None and body.ttl_s > settings.session_max_ttl_s:
+        raise ConfigError(
+            f"ttl_s {body.ttl_s:g} is above this server's maximum of "
+            f"{settings.session_max_ttl_s:g} s"
+        )
     display = DisplaySpec(width_px=body.display.width, height_px=body.display.height)
     policy = body.approval.to_policy() if body.approval is not None else None
     egress_policy: EgressPolicy | None = None
@@ -58,7 +63,7 @@ async def create_session(
     started: list[Session] = []
 
     def on_started(session: Session) -> None:
-        bridge.book.created_at[session.id] = datetime.now(UTC)
+        bridge.book.created_at[session.id] = session.created_at
         if policy is not None and not policy.empty:
             session.approval_policy = policy
         started.append(session)
@@ -80,7 +85,7 @@ async def create_session(
         )
 
     session = await _run_unless_disconnected(request, create, started, bridge)
-    bridge.book.ready_at[session.id] = datetime.now(UTC)
+    bridge.book.ready_at[session.id] = session.ready_at or datetime.now(UTC)
     bridge.forget_unknown()
     log.info("session %s ready in %.1f s", session.id, session.boot_s or 0.0)
     return bridge.session_info(session, base_url)
@@ -97,6 +102,28 @@ async def list_sessions(bridge: Bridge, base_url: BaseUrl) -> list[SessionInfo]:
 )
 async def get_session(session: SessionDep, bridge: Bridge, base_url: BaseUrl) -> SessionInfo:
     """One live or recently ended session (404 ``session_not_found``)."""
+    return bridge.session_info(session, base_url)
+
+
+@router.patch(
+    "/{session_id}", response_model=SessionInfo, dependencies=[Depends(SessionGuard("admin"))]
+)
+async def extend_session(
+    session_id: str, body: ExtendRequest, bridge: Bridge, base_url: BaseUrl
+) -> SessionInfo:
+    """Give a session a new lifetime: ``{"ttl_s": N}`` seconds from its creation.
+
+    The new deadline is stored before the answer (a restarted server keeps it). An
+    extension that comes before the deadline holds; at or after it the session has expired:
+    409 ``session_expired`` and the session is ended now. 422 ``invalid_config`` if
+    ``ttl_s`` is above the server's maximum (``deskvm serve --max-ttl-s``) or not more than
+    the session has already run; 409 ``session_closed`` for an ended session.
+    """
+    manager, max_ttl_s = bridge.manager, bridge.settings.session_max_ttl_s
+    session = await anyio.to_thread.run_sync(
+        lambda: manager.extend_ttl(session_id, body.ttl_s, max_ttl_s=max_ttl_s)
+    )
+    log.info("session %s: ttl_s set to %g", session_id, body.ttl_s)
     return bridge.session_info(session, base_url)
 
 
