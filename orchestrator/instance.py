@@ -234,4 +234,3 @@ class Instance:
 
     def __repr__(self) -> str:
         return f"Instance({self.name!r})"
-
