@@ -235,3 +235,23 @@ def test_adopt_failure_of_the_hypervisor_is_reported(world: World) -> None:
     report = world.server().adopt()
     assert sid in report.failed and "no running domain" in report.failed[sid]
     assert sid not in world.hypervisor.domains  # torn down, not leaked
+
+
+def test_a_server_start_seals_recordings_a_dead_writer_left_open(world: World) -> None:
+    """A bundle still ``recording`` whose writer died and whose session nobody runs (no
+    record: e.g. left by an older version) is sealed truncated when a server starts; one a
+    live writer holds, or a waiting session's, is not touched."""
+    from orchestrator.recorder import FileRecorder
+
+    root = world.root / "recordings"
+    dead = FileRecorder(root / "deadbeef0001", world.clock, {"session_id": "deadbeef0001"})
+    dead.append("marker", {"event": "x"})
+    dead._events.close()  # the writer died (its lock went with it)
+    live = FileRecorder(root / "livewriter01", world.clock, {"session_id": "livewriter01"})
+    report = world.server().adopt()
+    assert report.sealed == ["deadbeef0001"]
+    assert verify(root / "deadbeef0001").truncated is not None
+    assert json.loads((root / "livewriter01" / "manifest.json").read_text())["status"] == (
+        "recording"
+    )
+    live.close()
