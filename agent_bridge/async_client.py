@@ -59,6 +59,7 @@ from agent_bridge.client import (
     _raise_for_error,
     act_reply,
     create_body,
+    ended_reason,
     image_of,
     parse_reply,
     reply_result,
@@ -360,7 +361,7 @@ class AsyncSession(AsyncVisualChecks):
         await self.close()
         error = _closed(exc, f"WebSocket of session {self.id}")
         if isinstance(error, SessionClosed):
-            return SessionClosed(f"session {self.id} ended: {error.message}")
+            return SessionClosed(f"session {self.id} ended: {ended_reason(error.message)}")
         return error
 
     async def request(self, message: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:

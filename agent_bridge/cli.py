@@ -54,6 +54,32 @@ replay_app = typer.Typer(
 refs_app = typer.Typer(
     help="Visual references for desktop tests (refs/<name>.png + .json; see docs/qa.md)."
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            out.print(f"deskvm {version('deskvm')}", highlight=False)
+        except PackageNotFoundError:
+            out.print("deskvm (not installed as a package)", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True,
+            help="Print deskvm's version and exit.",
+        ),
+    ] = False,
+) -> None:  # fmt: skip
+    """Disposable desktop VMs for computer-use agents."""
+
+
 app.add_typer(image_app, name="image")
 app.add_typer(replay_app, name="replay")
 app.add_typer(refs_app, name="refs")

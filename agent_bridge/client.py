@@ -66,6 +66,7 @@ __all__ = [
     "SessionInfo",
     "SettledScreenshot",
     "StreamFrame",
+    "ended_reason",
 ]
 
 _CLOSE_GOING_AWAY = 1001
@@ -781,6 +782,11 @@ class FrameStream:
             self._stack.close()
 
 
+def ended_reason(close_reason: str) -> str:
+    """Why a session ended, from the server's close reason (``"session ended: <why>"``)."""
+    return close_reason.removeprefix("session ended: ") or "the session ended"
+
+
 def _closed(exc: ConnectionClosed, what: str) -> DeskvmError:
     """A closed WebSocket as the error it means (1001: the session ended)."""
     close = exc.rcvd
@@ -886,7 +892,7 @@ class Session(VisualChecks):
         close = exc.rcvd
         code, reason = (close.code, close.reason) if close is not None else (None, "")
         if code == _CLOSE_GOING_AWAY:
-            return SessionClosed(f"session {self.id} ended: {reason}")
+            return SessionClosed(f"session {self.id} ended: {ended_reason(reason)}")
         return _closed(exc, f"WebSocket of session {self.id}")
 
     def request(self, message: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:

@@ -112,8 +112,10 @@ def test_session_ended_raises_session_closed(bridge: Client) -> None:
     session.cursor_position()  # opens the WebSocket
     bridge.delete_session(session.id)
     time.sleep(0.5)  # the server notices within its poll interval and closes with 1001
-    with pytest.raises(SessionClosed):
+    with pytest.raises(SessionClosed) as info:
         session.cursor_position()
+    # Said once, with the reason (it read "ended: session ended: deleted by client").
+    assert str(info.value) == f"session {session.id} ended: deleted by client"
     assert session.delete() is not None  # deleting an ended session is fine
 
 
