@@ -371,12 +371,12 @@ class ApprovalPolicy:
             case Type(text=text):
                 for regex in self._regexes:
                     if regex.search(text):
-                        return f"typed text matches {regex.pattern!r}"
+                        return f"typed text matches /{regex.pattern}/"
         if typed is not None and self._regexes and typed_effect(action):
             combined, kept = typed.preview(action)
             for regex in self._regexes:
                 if _match_ending_after(regex, combined, kept):
-                    return f"recent typed text matches {regex.pattern!r}"
+                    return f"recent typed text matches /{regex.pattern}/"
         return None
 
 

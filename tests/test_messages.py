@@ -154,3 +154,20 @@ def test_unpaired_surrogates_are_invalid_json(text: str) -> None:
 
 def test_a_surrogate_pair_is_one_character() -> None:
     assert decode_envelope('{"id": 1, "text": "\\ud83d\\ude00"}').body == {"text": "😀"}
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"action": "click", "x": True, "y": 1}, "'x' must be a number, got true"),
+        ({"action": "click", "x": [1], "y": 1}, "got [1]"),
+        ({"action": "click", "x": "5", "y": 1}, 'got "5"'),
+        ({"action": "type", "text": 5}, "'text' must be a string, got number"),
+    ],
+)
+def test_messages_show_values_as_json_not_python(body: dict[str, object], says: str) -> None:
+    """Messages speak the protocol: ``true``/``null``/``"5"``, never ``True``/``None``."""
+    with pytest.raises(ActionError) as info:
+        parse_deskvm_action(body)
+    assert says in info.value.message
+    assert "True" not in info.value.message and "None" not in info.value.message

@@ -45,8 +45,36 @@ __all__ = [
     "decode_envelope",
     "encode_error",
     "encode_result",
+    "json_type",
     "parse_deskvm_action",
+    "shown",
 ]
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A received value as the client wrote it, for messages: JSON (``true``, ``null``,
+    ``"text"``, ``[1, 2]``), cut to ``limit`` characters."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=True)
+    except (TypeError, ValueError):
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def json_type(value: Any) -> str:
+    """The JSON type name of a received value (``null``, ``boolean``, ``number``,
+    ``string``, ``array``, ``object``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    return "object"
 
 MAX_TEXT_CHARS = 100_000
 
@@ -124,10 +152,10 @@ def _int(body: Mapping[str, Any], name: str, *, default: int | None = None) -> i
     if value is None:
         raise ActionError(f"missing parameter {name!r}", code="missing_parameter")
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ActionError(f"{name!r} must be a number, got {value!r}")
+        raise ActionError(f"{name!r} must be a number, got {shown(value)}")
     if isinstance(value, float):
         if not value.is_integer():
-            raise ActionError(f"{name!r} must be a whole number of pixels, got {value!r}")
+            raise ActionError(f"{name!r} must be a whole number of pixels, got {shown(value)}")
         value = int(value)
     return value
 
@@ -141,7 +169,7 @@ def _str(body: Mapping[str, Any], name: str) -> str:
     if value is None:
         raise ActionError(f"missing parameter {name!r}", code="missing_parameter")
     if not isinstance(value, str):
-        raise ActionError(f"{name!r} must be a string, got {type(value).__name__}")
+        raise ActionError(f"{name!r} must be a string, got {json_type(value)}")
     return value
 
 
@@ -160,14 +188,14 @@ def _point(value: Any) -> Point:
         or len(value) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
-        raise ActionError(f"a point must be [x, y] integers, got {value!r}")
+        raise ActionError(f"a point must be [x, y] integers, got {shown(value)}")
     return (int(value[0]), int(value[1]))
 
 
 def _button(body: Mapping[str, Any]) -> Button:
     value = body.get("button", "left")
     if not isinstance(value, str):
-        raise ActionError(f"'button' must be a string, got {value!r}")
+        raise ActionError(f"'button' must be a string, got {shown(value)}")
     return Button.parse(value)
 
 

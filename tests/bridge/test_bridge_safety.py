@@ -503,5 +503,5 @@ def test_a_text_rule_cannot_be_split_over_actions_or_connections(
         worker.join()
         assert reply["error"]["code"] == "approval_denied"
         assert _ask(b, {"id": 3, "action": "key", "keys": "Return"})["ok"] is True
-    assert seen and seen[0]["reason"] == r"recent typed text matches 'rm\\s+-rf'"
+    assert seen and seen[0]["reason"] == r"recent typed text matches /rm\s+-rf/"
     assert "rm -rf" not in hypervisor.domains[sid].read_guest_log().decode()

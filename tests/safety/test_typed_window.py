@@ -152,7 +152,7 @@ def test_session_holds_the_action_that_completes_the_text() -> None:
     session.execute(Type("rm -"), gate=deny)
     with pytest.raises(ApprovalDenied):
         session.execute(Type("rf"), gate=deny)
-    assert asked == [r"recent typed text matches 'rm\\s+-rf'"]
+    assert asked == [r"recent typed text matches /rm\s+-rf/"]
     assert session.typed.text == "rm -"  # a denied action typed nothing
     # Without a gate (e.g. the operator's own input) nothing is held.
     session.execute(Type("rf"))

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent_bridge.protocol.actions import MAX_WAIT_MS, Action, Point
 from agent_bridge.protocol.keys import MODIFIER_QCODES, KeyCombo, key_to_combo
-from agent_bridge.protocol.messages import MAX_TEXT_CHARS
+from agent_bridge.protocol.messages import MAX_TEXT_CHARS, json_type, shown
 from agent_bridge.protocol.results import ImageResult, Result
 from orchestrator.errors import ActionError, ProtocolError
 
@@ -98,7 +98,7 @@ def read_number(body: Mapping[str, Any], name: str, where: str) -> float:
     if value is None:
         raise _missing(name, where)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ActionError(f"{where}: {name!r} must be a number, got {value!r}")
+        raise ActionError(f"{where}: {name!r} must be a number, got {shown(value)}")
     return float(value)
 
 
@@ -117,13 +117,13 @@ def read_pixel(value: object, name: str, where: str, *, round_to_pixel: bool) ->
         ActionError: not a number, or fractional when ``round_to_pixel`` is false.
     """
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ActionError(f"{where}: {name!r} must be a number of pixels, got {value!r}")
+        raise ActionError(f"{where}: {name!r} must be a number of pixels, got {shown(value)}")
     if isinstance(value, int):
         return value
     if value.is_integer():
         return int(value)
     if not round_to_pixel:
-        raise ActionError(f"{where}: {name!r} must be a whole number of pixels, got {value!r}")
+        raise ActionError(f"{where}: {name!r} must be a whole number of pixels, got {shown(value)}")
     return math.floor(value + 0.5)
 
 
@@ -137,7 +137,7 @@ def read_str(body: Mapping[str, Any], name: str, where: str) -> str:
     if value is None:
         raise _missing(name, where)
     if not isinstance(value, str):
-        raise ActionError(f"{where}: {name!r} must be a string, got {type(value).__name__}")
+        raise ActionError(f"{where}: {name!r} must be a string, got {json_type(value)}")
     return value
 
 
@@ -161,7 +161,7 @@ def read_bool(body: Mapping[str, Any], name: str, where: str, default: bool) -> 
     """
     value = body.get(name, default)
     if not isinstance(value, bool):
-        raise ActionError(f"{where}: {name!r} must be true or false, got {value!r}")
+        raise ActionError(f"{where}: {name!r} must be true or false, got {shown(value)}")
     return value
 
 
@@ -174,7 +174,8 @@ def seconds_to_ms(seconds: float, name: str, where: str) -> int:
     ms = math.floor(seconds * 1000 + 0.5)
     if not 0 <= ms <= MAX_WAIT_MS:
         raise ActionError(
-            f"{where}: {name!r} must be within 0..{MAX_WAIT_MS / 1000:g} seconds, got {seconds!r}"
+            f"{where}: {name!r} must be within 0..{MAX_WAIT_MS / 1000:g} seconds,"
+            f" got {shown(seconds)}"
         )
     return ms
 
@@ -227,7 +228,7 @@ def read_point(value: object, name: str, where: str, *, round_to_pixel: bool) ->
         ActionError: not a pair of numbers.
     """
     if not isinstance(value, list | tuple) or len(value) != 2:
-        raise ActionError(f"{where}: {name!r} must be [x, y], got {value!r}")
+        raise ActionError(f"{where}: {name!r} must be [x, y], got {shown(value)}")
     return (
         read_pixel(value[0], f"{name}[0]", where, round_to_pixel=round_to_pixel),
         read_pixel(value[1], f"{name}[1]", where, round_to_pixel=round_to_pixel),

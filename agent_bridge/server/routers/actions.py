@@ -430,9 +430,9 @@ def _scaler_from_query(
             raise ValueError(max_long_edge)
         return Scaler.for_max_long_edge(width_px, height_px, int(max_long_edge))
     except ValueError:
+        given = f"scale_to={scale_to}" if scale_to is not None else f"max_long_edge={max_long_edge}"
         raise ProtocolError(
-            f"scale_to must be WxH and max_long_edge N, each {lo}..{hi} pixels; got "
-            f"scale_to={scale_to!r} max_long_edge={max_long_edge!r}",
+            f"scale_to must be WxH and max_long_edge N, each {lo}..{hi} pixels; got {given}",
             code="invalid_query",
         ) from None
 
