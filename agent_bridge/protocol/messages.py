@@ -373,6 +373,16 @@ def check_bounds(action: Action, width_px: int, height_px: int) -> None:
     Raises:
         ActionError: code ``out_of_screen`` naming the first offending point.
     """
+    if isinstance(action, Zoom):
+        x0, y0, x1, y1 = action.x0, action.y0, action.x1, action.y1
+        if not (0 <= x0 < x1 <= width_px and 0 <= y0 < y1 <= height_px):
+            raise ActionError(
+                f"zoom region [{x0}, {y0}, {x1}, {y1}] is not inside the "
+                f"{width_px}x{height_px} screen (x0 < x1 <= {width_px}, y0 < y1 <= "
+                f"{height_px}; x1 and y1 are exclusive)",
+                code="out_of_screen",
+            )
+        return
     for x, y in _points(action):
         if not (0 <= x < width_px and 0 <= y < height_px):
             raise ActionError(

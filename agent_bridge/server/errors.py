@@ -109,6 +109,19 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
     message = f"{where}: {first.get('msg', 'invalid')}" if where else "invalid request"
+    kind = first.get("type")
+    content_type = request.headers.get("content-type", "")
+    if kind == "json_invalid":
+        offset = first.get("ctx", {}).get("error") if isinstance(first.get("ctx"), dict) else None
+        message = "the body is not valid JSON" + (f" ({offset})" if offset else "")
+    elif kind == "model_attributes_type" and "json" not in content_type.lower():
+        message = (
+            "the body must be a JSON object sent with 'Content-Type: application/json' "
+            f"(got {content_type or 'no content type'}; with curl: -H 'Content-Type: "
+            "application/json')"
+        )
+    elif kind == "model_attributes_type":
+        message = "the body must be a JSON object"
     details = [
         {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
         for e in errors

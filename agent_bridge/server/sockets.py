@@ -65,9 +65,15 @@ _CLOSE_REASON_MAX_BYTES = 123  # RFC 6455 section 5.5: control frame payload <= 
 
 
 def close_reason(text: str) -> str:
-    """``text`` cut to what fits a close frame (whole UTF-8 characters only)."""
-    data = text.encode("utf-8")[:_CLOSE_REASON_MAX_BYTES]
-    return data.decode("utf-8", errors="ignore")
+    """``text`` cut to what fits a close frame (123 bytes): at a word boundary, whole UTF-8
+    characters only, the cut marked with an ellipsis."""
+    data = text.encode("utf-8")
+    if len(data) <= _CLOSE_REASON_MAX_BYTES:
+        return text
+    # Cut at a word boundary and mark the cut (the reply before the close has it all).
+    cut = data[: _CLOSE_REASON_MAX_BYTES - 3].decode("utf-8", errors="ignore")
+    head, space, _ = cut.rpartition(" ")
+    return (head if space and len(head) > len(cut) // 2 else cut) + "…"
 
 
 def offered_subprotocols(websocket: WebSocket) -> list[str]:

@@ -102,3 +102,36 @@ def test_valid_kinds_are_accepted(client: TestClient) -> None:
     body = {"kinds": ["click", "type", "drag"], "key_combos": ["ctrl+alt+delete"]}
     response = client.put(f"/v1/sessions/{sid}/approval-policy", json=body)
     assert response.status_code == 200 and response.json()["kinds"] == ["click", "type", "drag"]
+
+
+def test_a_body_without_a_json_content_type_gets_a_hint(client: TestClient) -> None:
+    """``curl -d '{}'`` sends form encoding: the answer says what to send instead."""
+    response = client.post(
+        "/v1/sessions", content="{}", headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    assert response.status_code == 422
+    assert "Content-Type: application/json" in response.json()["error"]["message"]
+    response = client.post(
+        "/v1/sessions", content="notjson", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["message"].startswith("the body is not valid JSON")
+
+
+def test_close_reasons_are_cut_at_a_word_and_marked() -> None:
+    from agent_bridge.server.sockets import close_reason
+
+    long = "session ended: " + " ".join(["interrupted"] * 20)
+    cut = close_reason(long)
+    assert len(cut.encode()) <= 123 and cut.endswith("…")
+    assert cut[:-1].split(" ")[-1] == "interrupted"  # no word cut in half
+    assert close_reason("bye") == "bye"
+
+
+def test_a_zoom_region_off_screen_is_reported_as_a_region(client: TestClient) -> None:
+    sid = create_session(client)["id"]
+    with client.websocket_connect(f"/v1/sessions/{sid}/ws") as ws:
+        ws.send_json({"id": 1, "action": "zoom", "region": [0, 0, 99999, 10]})
+        reply = ws.receive_json()
+    assert reply["error"]["code"] == "out_of_screen"
+    assert reply["error"]["message"].startswith("zoom region [0, 0, 99999, 10]")
