@@ -194,9 +194,13 @@ class _Connection:
                     CLOSE_TRY_AGAIN_LATER,
                 )
             else:
-                await self._refuse(
-                    SessionClosed(f"session {session.id} is {session.state}"), CLOSE_GOING_AWAY
+                # Ended: said as the watcher says it to an open connection, so a client
+                # reports the same "session X ended: <reason>" either way.
+                reason = session.closed_reason or session.state
+                await self._send(
+                    encode_error(None, SessionClosed(f"session {session.id} ended: {reason}"))
                 )
+                await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
             return
         try:
             async with anyio.create_task_group() as tg:
