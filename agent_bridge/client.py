@@ -860,6 +860,11 @@ class Session(VisualChecks):
 
     def _socket(self) -> ClientConnection:
         if self._ws is not None and self._ws.protocol.state is not State.OPEN:
+            ended = self._ws.protocol.close_rcvd
+            if ended is not None and ended.code == _CLOSE_GOING_AWAY:
+                # The server said the session ended: no new connection can change that.
+                self.close()
+                raise SessionClosed(f"session {self.id} ended: {ended_reason(ended.reason)}")
             # The connection went away between requests (e.g. the bridge restarted): the
             # next request opens a new one (nothing was sent on the old one, so nothing
             # can run twice).

@@ -1039,6 +1039,7 @@ class Session:
         source: Source = "agent",
         raw: Mapping[str, Any] | None = None,
         gate: Callable[[Action, str], None] | None = None,
+        by: str | None = None,
     ) -> Result:
         """Carry out one action and return its result.
 
@@ -1055,6 +1056,8 @@ class Session:
                 The check, the wait and the action run under the session's action lock,
                 so actions of other connections cannot slip text in between (a text
                 rule split over two connections is still caught).
+            by: the credential behind it (``admin``, ``token:<id>``), recorded as the input
+                event's ``by`` (a person's input during a take-over).
 
         Raises:
             SessionClosed: the session is not ready.
@@ -1078,6 +1081,8 @@ class Session:
             self.last_action_ns = self._clock.monotonic_ns()
             assert self._domain is not None
             record: dict[str, Any] = {"action": action_to_dict(action)}
+            if by is not None:
+                record["by"] = by
             secret = action.text if isinstance(action, Type) and action.secret else ""
             if secret:
                 record["action"].update(self._recorder.secret_digest(secret))

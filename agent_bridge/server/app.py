@@ -11,19 +11,22 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI
 
-from agent_bridge.server.deps import known_query_only, server_token
+from agent_bridge.server.deps import known_query_only
 from agent_bridge.server.errors import install_error_handlers
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.server.routers import (
     actions,
     approvals,
+    auth,
+    control,
     health,
     network,
+    pages,
+    replay,
     sessions,
     stream,
     tokens,
@@ -31,7 +34,7 @@ from agent_bridge.server.routers import (
 from agent_bridge.server.sockets import MAX_MESSAGE_BYTES
 from agent_bridge.server.state import BridgeState
 from agent_bridge.tokens import TokenAuthority
-from agent_bridge.viewer import replay_router
+from agent_bridge.viewer import assets_router
 from orchestrator.approval import ApprovalDesk
 from orchestrator.errors import ConfigError, DeskvmError
 from orchestrator.manager import SessionManager
@@ -101,19 +104,12 @@ def create_app(
     app.state.bridge = state
     install_error_handlers(app)
 
-    # The browser replay viewer over this server's recordings (agent_bridge/viewer.py).
-    def recordings() -> list[tuple[str, Path]]:
-        root = manager.recordings_dir
-        return sorted((p.name, p) for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-
-    app.include_router(
-        replay_router(
-            lambda name: manager.recordings_dir / name,
-            recordings,
-            data_dependencies=[server_token],
-        )
-    )
-    for module in (health, sessions, tokens, approvals, network, actions, stream):
+    app.include_router(replay.router_for(state))
+    app.include_router(assets_router())
+    app.include_router(pages.router)
+    for module in (
+        health, auth, sessions, tokens, approvals, control, network, actions, stream,
+    ):  # fmt: skip
         app.include_router(module.router)
     return app
 

@@ -13,7 +13,9 @@
   refused (422 ``invalid_query``, naming it), so a typo such as ``?ofset=`` never silently
   falls back to a default. WebSocket routes check theirs with :func:`unknown_query`.
 
-Tokens are read from the ``Authorization`` header only, never from the URL.
+Credentials come from the ``Authorization`` header or, for pages in a browser, from the
+sign-in cookies of :mod:`agent_bridge.cookies` (used only when no header is sent);
+never from the URL.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
+from agent_bridge.cookies import (
+    CSRF_HEADER,
+    CSRF_VALUE,
+    SERVER_COOKIE,
+    session_cookie_name,
+)
 from agent_bridge.server.state import BridgeState
-from agent_bridge.tokens import Claims, Scope, TokenAuthority, TokenError
+from agent_bridge.tokens import Claims, Scope, TokenAuthority, TokenError, scope_allows
 from orchestrator.errors import ProtocolError
 from orchestrator.session import Session
 
@@ -44,8 +52,10 @@ __all__ = [
     "SessionGuard",
     "ViewPrincipal",
     "authorize",
+    "cookie_principal",
     "get_bridge",
     "known_query_only",
+    "recording_access",
     "server_token",
     "token_ok",
     "unknown_query",
@@ -89,6 +99,10 @@ async def _require_server_token(
     offered = None if credentials is None else credentials.credentials
     if token_ok(offered, bridge.admin_token):
         return
+    if offered is None and SERVER_COOKIE in request.cookies:
+        principal = cookie_principal(request, bridge, "*", "admin")
+        if principal is not None:
+            return
     hint = "send 'Authorization: Bearer <token>'"
     if any(k in request.query_params for k in ("token", "access_token")):
         hint += "; tokens in the URL are never accepted"
@@ -101,6 +115,31 @@ async def _require_server_token(
 
 server_token = Depends(_require_server_token)
 """Route dependency: the server's admin token (``dependencies=[server_token]``)."""
+
+
+async def _require_recording_access(
+    request: Request,
+    name: str,
+    bridge: Bridge,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+) -> None:
+    """One recording (``{name}`` = its session id): the admin token or server cookie, or a
+    ``view`` credential (token or cookie) of that session.
+
+    Raises: TokenError: 401 ``unauthorized``, 403 ``forbidden``.
+    """
+    offered = None if credentials is None else credentials.credentials
+    if token_ok(offered, bridge.admin_token):
+        return
+    if offered is None and "authorization" not in request.headers:
+        if cookie_principal(request, bridge, name, "view") is not None:
+            return
+        raise TokenError("missing bearer token: send 'Authorization: Bearer <token>'")
+    authorize(offered, bridge.admin_token, bridge.authority, name, "view")
+
+
+recording_access = Depends(_require_recording_access)
+"""Route dependency of one recording's routes (``/replay/{name}/...``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +186,42 @@ def authorize(
     return Principal(f"token:{claims.token_id}", claims.scope, claims)
 
 
+def cookie_principal(
+    connection: HTTPConnection, bridge: BridgeState, session_id: str, need: Scope
+) -> Principal | None:
+    """The principal of the request's sign-in cookie for ``session_id`` (``"*"``: the
+    server cookie only), or ``None`` when it sends no such cookie.
+
+    The server cookie (admin) counts for every session. A cookie-authenticated HTTP
+    request that is not GET/HEAD must carry ``X-Requested-With: deskvm``.
+
+    Raises:
+        TokenError: ``unauthorized`` (bad cookie), ``forbidden`` (scope too small, or the
+            anti-forgery header is missing).
+    """
+    cookies = connection.cookies
+    name = session_cookie_name(session_id)
+    if session_id != "*" and name in cookies:
+        claims = bridge.cookies.verify(cookies[name], session_id)
+    elif SERVER_COOKIE in cookies:
+        claims = bridge.cookies.verify(cookies[SERVER_COOKIE], "*")
+    else:
+        return None
+    method = connection.scope.get("method")
+    unsafe = method is not None and method not in ("GET", "HEAD")
+    if unsafe and connection.headers.get(CSRF_HEADER, "").lower() != CSRF_VALUE:
+        raise TokenError(
+            f"a request signed in by cookie must send the header 'X-Requested-With: "
+            f"{CSRF_VALUE}'",
+            code="forbidden",
+        )
+    if not scope_allows(claims.scope, need):
+        raise TokenError(
+            f"this sign-in has scope {claims.scope!r}; this needs {need!r}", code="forbidden"
+        )
+    return Principal(claims.who, claims.scope, None)
+
+
 class SessionGuard:
     """Dependency for ``/v1/sessions/{session_id}/...``: the admin token, or a session
     token for that session with at least scope ``need``. Tokens in the URL are never read.
@@ -157,12 +232,17 @@ class SessionGuard:
 
     async def __call__(
         self,
+        request: Request,
         session_id: str,
         bridge: Bridge,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
     ) -> Principal:
         """Raises: TokenError: 401 ``unauthorized``, 403 ``forbidden``."""
         offered = None if credentials is None else credentials.credentials
+        if offered is None and "authorization" not in request.headers:
+            principal = cookie_principal(request, bridge, session_id, self._need)
+            if principal is not None:
+                return principal
         return authorize(offered, bridge.admin_token, bridge.authority, session_id, self._need)
 
 

@@ -1,8 +1,10 @@
-"""The approval gate: hold an action for an operator when the session's policy says so.
+"""The gates an agent's action passes before it runs: take-over, then approval.
 
-The session decides *whether* (``Session.approval_reason``: its policy, its recent typed
-text) and calls :func:`hold` under its action lock (``Session.execute(gate=...)``); this
-module files the pending action, records the request and the decision, and waits.
+:func:`control_gate` holds or refuses the agent's input while a person has taken the session
+over (:mod:`orchestrator.takeover`). For approvals the session decides *whether*
+(``Session.approval_reason``: its policy, its recent typed text) and calls :func:`hold`
+under its action lock (``Session.execute(gate=...)``); this module files the pending
+action, records the request and the decision, and waits.
 """
 
 from __future__ import annotations
@@ -10,13 +12,41 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from agent_bridge.protocol.actions import Action, Screenshot, action_name, action_to_dict
+from agent_bridge.protocol.actions import (
+    Action,
+    CursorPosition,
+    Screenshot,
+    Zoom,
+    action_name,
+    action_to_dict,
+)
 from agent_bridge.protocol.results import ImageResult
 from orchestrator.approval import ApprovalDenied, ApprovalDesk, ApprovalPolicy, ApprovalTimeout
 from orchestrator.errors import DeskvmError
 from orchestrator.session import Session
+from orchestrator.takeover import ControlDesk, TakeoverPolicy
 
-__all__ = ["gate", "hold"]
+__all__ = ["OBSERVATIONS", "control_gate", "gate", "hold"]
+
+OBSERVATIONS = (Screenshot, Zoom, CursorPosition)
+"""Actions that only look: they pass a take-over."""
+
+
+def control_gate(
+    session: Session, action: Action, controls: ControlDesk, policy: TakeoverPolicy
+) -> None:
+    """Return when the agent may run ``action``: at once unless a person has taken over.
+
+    Blocking under the ``wait`` policy (call it from a worker thread).
+
+    Raises:
+        HumanInControl: code ``human_in_control``: refused or waited too long.
+    """
+    if isinstance(action, OBSERVATIONS):
+        return
+    controls.agent_turn(
+        session.id, policy, what=action_name(action), still_wanted=lambda: session.state == "ready"
+    )
 
 
 def gate(session: Session, desk: ApprovalDesk) -> Callable[[Action, str], None]:

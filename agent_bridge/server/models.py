@@ -19,9 +19,11 @@ from orchestrator.approval import ApprovalPolicy, PendingAction
 from orchestrator.hypervisor.domain_xml import hard_limit_mib
 from orchestrator.session import Session
 from orchestrator.spec import MAX_DISPLAY_PX, MAX_EGRESS_ENTRIES, MIN_DISPLAY_PX
+from orchestrator.takeover import Control, TakeoverPolicy
 
 __all__ = [
     "ApprovalPolicyModel",
+    "ControlInfo",
     "CreateSessionRequest",
     "CursorModel",
     "DecisionRequest",
@@ -37,6 +39,7 @@ __all__ = [
     "NetworkDecisionModel",
     "PendingInfo",
     "SessionInfo",
+    "TakeoverPolicyModel",
     "TokenInfo",
     "ws_base",
 ]
@@ -92,6 +95,38 @@ class ApprovalPolicyModel(_Strict):
             timeout_s=policy.timeout_s,
             include_observations=policy.include_observations,
         )
+
+
+class TakeoverPolicyModel(_Strict):
+    """What the agent's input actions get while a person has taken the session over."""
+
+    agent: Literal["refuse", "wait"] = Field(
+        "refuse",
+        description="refuse: error human_in_control at once; wait: run after the hand-back",
+    )
+    wait_timeout_s: float = Field(
+        600.0, gt=0, le=86400, description="wait: the longest an agent action waits, seconds"
+    )
+
+    def to_policy(self) -> TakeoverPolicy:
+        return TakeoverPolicy(agent=self.agent, wait_timeout_s=self.wait_timeout_s)
+
+    @classmethod
+    def of(cls, policy: TakeoverPolicy) -> TakeoverPolicyModel:
+        return cls(agent=policy.agent, wait_timeout_s=policy.wait_timeout_s)
+
+
+class ControlInfo(BaseModel):
+    """Who has taken the session over (``GET /v1/sessions/{id}/control``)."""
+
+    holder: str = Field(description="admin or token:<id>")
+    since: datetime = Field(description="UTC")
+
+    @classmethod
+    def of(cls, control: Control | None) -> ControlInfo | None:
+        if control is None:
+            return None
+        return cls(holder=control.holder, since=datetime.fromtimestamp(control.since_unix, UTC))
 
 
 class LimitsModel(BaseModel):
@@ -232,6 +267,9 @@ class CreateSessionRequest(_Strict):
         None,
         description="network allowlist; absent or null: the guest has no network device",
     )
+    takeover: TakeoverPolicyModel | None = Field(
+        None, description="the agent's input while a person has taken over; null: refuse"
+    )
 
 
 class EgressInfo(BaseModel):
@@ -310,6 +348,10 @@ class SessionInfo(BaseModel):
     idle_expires_at: datetime | None = Field(
         None, description="UTC, when idle_timeout_s runs out unless an action comes first"
     )
+    takeover: TakeoverPolicyModel | None = Field(None, description="the take-over policy")
+    control: ControlInfo | None = Field(
+        None, description="who has taken the session over; null: the agent drives"
+    )
 
     @classmethod
     def of(
@@ -320,6 +362,8 @@ class SessionInfo(BaseModel):
         accel: str,
         created_at: datetime | None,
         ready_at: datetime | None,
+        takeover: TakeoverPolicy | None = None,
+        control: Control | None = None,
     ) -> SessionInfo:
         """The REST view of ``session``; ``base_url`` is the server's (for ``ws_url``)."""
         spec = session.spec
@@ -349,6 +393,8 @@ class SessionInfo(BaseModel):
                 idle_timeout_s=spec.idle_timeout_s,
             ),
             egress=EgressInfo.of(session),
+            takeover=TakeoverPolicyModel.of(takeover) if takeover is not None else None,
+            control=ControlInfo.of(control),
             **_expiries(session),
         )
 

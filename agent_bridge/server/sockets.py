@@ -2,8 +2,9 @@
 
 Credentials are checked before ``accept()``: a refused handshake is answered with HTTP 403
 by the ASGI server. They come from the ``Authorization: Bearer`` header or, for browsers
-(which cannot set headers), from an offered subprotocol ``deskvm.bearer.<token>``; never
-from the URL. A cross-site ``Origin`` not in ``settings.allowed_origins`` is refused too.
+(which cannot set headers), from an offered subprotocol ``deskvm.bearer.<token>`` or the
+page's sign-in cookie (:mod:`agent_bridge.cookies`); never from the URL. A
+cross-site ``Origin`` not in ``settings.allowed_origins`` is refused too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from agent_bridge.protocol.messages import encode_error
-from agent_bridge.server.deps import Principal, authorize
+from agent_bridge.server.deps import Principal, authorize, cookie_principal
 from agent_bridge.server.state import BridgeState
 from agent_bridge.tokens import Scope, TokenError
 from orchestrator.errors import DeskvmError, SessionClosed, SessionNotFound
@@ -119,6 +120,10 @@ async def ws_principal(
             None,
         )
     try:
+        if presented is None and "authorization" not in websocket.headers:
+            principal = cookie_principal(websocket, bridge, session_id, need)
+            if principal is not None:
+                return principal
         return authorize(
             presented, bridge.admin_token, bridge.authority, session_id, need, use=True
         )

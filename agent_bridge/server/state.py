@@ -14,6 +14,7 @@ from datetime import datetime
 
 import anyio.to_thread
 
+from agent_bridge.cookies import CookieSigner
 from agent_bridge.server.models import SessionInfo
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.tokens import TokenAuthority
@@ -22,6 +23,7 @@ from orchestrator.errors import DeskvmError, SessionNotFound
 from orchestrator.manager import SessionManager
 from orchestrator.session import Session
 from orchestrator.settings import Settings
+from orchestrator.takeover import ControlDesk, TakeoverPolicy
 
 __all__ = ["BridgeState", "SessionBook"]
 
@@ -58,6 +60,9 @@ class BridgeState:
         desk: where held actions wait for an operator.
         limits: per-session action and typing rate limits.
         book: wall-clock creation/ready times.
+        controls: who has taken over which session.
+        takeover: take-over policy per session id (absent: the default, refuse).
+        cookies: signs and checks browser sign-in cookies.
     """
 
     manager: SessionManager
@@ -67,6 +72,21 @@ class BridgeState:
     desk: ApprovalDesk
     limits: RateLimits
     book: SessionBook = field(default_factory=SessionBook)
+    controls: ControlDesk = field(default_factory=ControlDesk)
+    takeover: dict[str, TakeoverPolicy] = field(default_factory=dict)
+    cookies: CookieSigner = field(init=False)
+
+    def __post_init__(self) -> None:
+        authority = self.authority
+
+        def token_alive(session_id: str, token_id: str) -> bool:
+            return any(c.token_id == token_id for c in authority.issued(session_id))
+
+        self.cookies = CookieSigner(ttl_s=self.settings.token_ttl_s, token_alive=token_alive)
+
+    def takeover_policy(self, session_id: str) -> TakeoverPolicy:
+        """The session's take-over policy (default: refuse the agent's input)."""
+        return self.takeover.get(session_id) or TakeoverPolicy()
 
     @property
     def accel(self) -> str:
@@ -81,6 +101,8 @@ class BridgeState:
             accel=self.accel,
             created_at=self.book.created_at.get(session.id, session.created_at),
             ready_at=self.book.ready_at.get(session.id, session.ready_at),
+            takeover=self.takeover_policy(session.id),
+            control=self.controls.holder(session.id),
         )
 
     def store_tokens(self, session_id: str) -> None:
@@ -102,6 +124,8 @@ class BridgeState:
         known = {s.id for s in self.manager.all()}
         self.book.prune(known)
         self.limits.forget(known)
+        for session_id in [k for k in self.takeover if k not in known]:
+            del self.takeover[session_id]
 
     async def delete_quietly(self, session_id: str, reason: str) -> None:
         """Delete a session in a worker thread, logging (not raising) a teardown failure."""

@@ -26,7 +26,7 @@ from fastapi import APIRouter, WebSocket
 from PIL import Image
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from agent_bridge.protocol.actions import Action, CursorPosition, Screenshot, Type, Zoom
+from agent_bridge.protocol.actions import Action, Screenshot, Type
 from agent_bridge.protocol.messages import ClientId, decode_envelope, encode_error, encode_result
 from agent_bridge.protocol.replies import (
     ScreenshotAfter,
@@ -36,7 +36,7 @@ from agent_bridge.protocol.replies import (
 from agent_bridge.protocol.results import CursorResult, ImageResult, Result, to_deskvm_result
 from agent_bridge.protocol.scaling import Scaler, scale_action
 from agent_bridge.server.deps import ADMIN, Bridge, Principal, unknown_query
-from agent_bridge.server.gate import gate
+from agent_bridge.server.gate import OBSERVATIONS, control_gate, gate
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.server.sockets import (
     CLOSE_GOING_AWAY,
@@ -74,7 +74,7 @@ WS_QUERY_PARAMS = frozenset({"schema", "on_disconnect", "scale_to", "max_long_ed
 typo such as ``?schem=openai`` never silently gives the deskvm vocabulary."""
 _STATE_POLL_S = 0.2
 _ENDED: frozenset[SessionState] = frozenset({"closing", "closed", "failed"})
-_OBSERVATIONS = (Screenshot, Zoom, CursorPosition)
+_OBSERVATIONS = OBSERVATIONS
 _FLOOD_STRIKES = 10
 """Rate-limited messages in a row after which a WebSocket is closed (1008)."""
 
@@ -87,11 +87,16 @@ async def session_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> N
         return
     offered = offered_subprotocols(websocket)
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    desk = bridge.desk
+    desk, controls = bridge.desk, bridge.controls
     connection = _Connection(websocket, bridge, session_id)
     connection.principal = principal
     connection.limits = bridge.limits
     connection.gate = lambda session: gate(session, desk)
+
+    def control(session: Session, action: Action) -> None:
+        control_gate(session, action, controls, bridge.takeover_policy(session.id))
+
+    connection.control = control
     await connection.run()
 
 
@@ -108,6 +113,7 @@ class _Connection:
         self.principal: Principal = ADMIN
         self.limits: RateLimits | None = None
         self.gate: Callable[[Session], Callable[[Action, str], None]] | None = None
+        self.control: Callable[[Session, Action], None] | None = None
         self.scaler: Scaler | None = None
         self.binary = False
         self._strikes = 0
@@ -292,11 +298,13 @@ class _Connection:
             # The recording keeps vendor-shaped requests as received; deskvm ones are the
             # action itself.
             raw = None if getattr(vocabulary, "name", "deskvm") == "deskvm" else body
-            gate_fn, scaler = self.gate, self.scaler
+            gate_fn, control, scaler = self.gate, self.control, self.scaler
             limits = self.limits
             refund = None if limits is None else (lambda n: limits.refund(session.id, n))
             results = await anyio.to_thread.run_sync(
-                lambda: _execute_all(session, actions, raw, gate_fn, scaler, refund=refund)
+                lambda: _execute_all(
+                    session, actions, raw, gate_fn, scaler, refund=refund, control=control
+                )
             )
             settled = None
             if after is not None:
@@ -378,6 +386,7 @@ def _execute_all(
     gate_fn: Callable[[Session], Callable[[Action, str], None]] | None = None,
     scaler: Scaler | None = None,
     refund: Callable[[int], None] | None = None,
+    control: Callable[[Session, Action], None] | None = None,
 ) -> list[Result]:
     if scaler is not None:
         # Client pixels -> display pixels, all before the first action runs, so a batch
@@ -389,6 +398,8 @@ def _execute_all(
     held = gate_fn(session) if gate_fn is not None else None
     for i, action in enumerate(actions):
         try:
+            if control is not None:
+                control(session, action)  # a person's take-over: raises or waits
             result = session.execute(action, source="agent", raw=raw, gate=held)
         except DeskvmError as exc:
             if refund is not None:

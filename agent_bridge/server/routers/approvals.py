@@ -23,7 +23,7 @@ from agent_bridge.server.deps import (
 )
 from agent_bridge.server.errors import ERROR_RESPONSES
 from agent_bridge.server.models import ApprovalPolicyModel, DecisionRequest, PendingInfo
-from agent_bridge.server.sockets import ws_principal
+from agent_bridge.server.sockets import SUBPROTOCOL, offered_subprotocols, ws_principal
 from orchestrator.approval import ApprovalDesk, ApprovalPolicy
 from orchestrator.errors import DeskvmError
 
@@ -105,7 +105,9 @@ async def operator_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> 
     principal = await ws_principal(websocket, bridge, session_id, "admin")
     if principal is None:
         return
-    await websocket.accept()
+    # Browsers offer deskvm.v1 and refuse a handshake that names no subprotocol.
+    offered = offered_subprotocols(websocket)
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     await _operate(websocket, bridge.desk, session_id, principal.who)
 
 

@@ -54,6 +54,7 @@ async def create_session(
         )
     display = DisplaySpec(width_px=body.display.width, height_px=body.display.height)
     policy = body.approval.to_policy() if body.approval is not None else None
+    takeover = body.takeover.to_policy() if body.takeover is not None else None
     egress_policy: EgressPolicy | None = None
     if body.egress is not None:
         try:
@@ -66,6 +67,8 @@ async def create_session(
         bridge.book.created_at[session.id] = session.created_at
         if policy is not None and not policy.empty:
             session.approval_policy = policy
+        if takeover is not None:
+            bridge.takeover[session.id] = takeover
         started.append(session)
 
     def create() -> Session:
@@ -138,9 +141,13 @@ async def delete_session(session_id: str, bridge: Bridge, base_url: BaseUrl) -> 
     """
     bridge.desk.deny_all(session_id, by="session deleted")
     manager = bridge.manager
-    session = await anyio.to_thread.run_sync(
-        lambda: manager.delete(session_id, reason="deleted by client")
-    )
+    try:
+        session = await anyio.to_thread.run_sync(
+            lambda: manager.delete(session_id, reason="deleted by client")
+        )
+    finally:
+        # After the teardown: an agent action held by a take-over must not run meanwhile.
+        bridge.controls.forget(session_id)
     return bridge.session_info(session, base_url)
 
 

@@ -36,6 +36,7 @@ from agent_bridge.protocol.stream import (
     parse_stream_query,
 )
 from agent_bridge.server.deps import Bridge
+from agent_bridge.server.models import ControlInfo
 from agent_bridge.server.sockets import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY_VIOLATION,
@@ -63,12 +64,15 @@ _ENDED = ("closing", "closed", "failed")
 
 def status_of(bridge: BridgeState, session: Session) -> dict[str, Any]:
     """The ``status`` event of a session: ``{"event", "state", "closed_reason",
-    "pending"}`` (``pending``: actions waiting for an operator)."""
+    "pending", "control"}`` (``pending``: actions waiting for an operator; ``control``:
+    ``{"holder", "since"}`` while a person has taken over, else null)."""
+    control = ControlInfo.of(bridge.controls.holder(session.id))
     return {
         "event": "status",
         "state": session.state,
         "closed_reason": session.closed_reason,
         "pending": len(bridge.desk.pending(session.id)),
+        "control": None if control is None else control.model_dump(mode="json"),
     }
 
 
