@@ -159,6 +159,7 @@ class AsyncClient:
         approval: Mapping[str, Any] | None = None,
         egress_allow: Sequence[str] | None = None,
         autostart: str | None = None,
+        takeover: Mapping[str, Any] | None = None,
     ) -> AsyncSession:
         """Create a session and wait until its desktop is drawn.
 
@@ -176,7 +177,7 @@ class AsyncClient:
             image, width, height, memory_mib, vcpus, boot_timeout_s,
             cpu_quota_pct=cpu_quota_pct, disk_mib=disk_mib, ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s, approval=approval, egress_allow=egress_allow,
-            autostart=autostart,
+            autostart=autostart, takeover=takeover,
         )  # fmt: skip
         response = await self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return AsyncSession(self, SessionInfo.from_json(response.json()))

@@ -244,6 +244,7 @@ def create_body(
     approval: Mapping[str, Any] | None,
     egress_allow: Sequence[str] | None,
     autostart: str | None,
+    takeover: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], float]:
     """The ``POST /v1/sessions`` body and how long to wait for its answer (seconds).
 
@@ -266,6 +267,7 @@ def create_body(
         ("idle_timeout_s", idle_timeout_s),
         ("approval", dict(approval) if approval is not None else None),
         ("autostart", autostart),
+        ("takeover", dict(takeover) if takeover is not None else None),
     ):
         if value is not None:
             body[key] = value
@@ -539,6 +541,7 @@ class Client:
         approval: Mapping[str, Any] | None = None,
         egress_allow: Sequence[str] | None = None,
         autostart: str | None = None,
+        takeover: Mapping[str, Any] | None = None,
     ) -> Session:
         """Create a session and wait until its desktop is drawn.
 
@@ -559,6 +562,9 @@ class Client:
                 no network device at all; ``[]``: a NIC that reaches nothing.
             autostart: ``"input-probe"`` starts the guest's input probe instead of the
                 xterm (ready once the probe reports ``probe_ready``); ``None``: the xterm.
+            takeover: what the agent's input gets while a person has taken over:
+                ``{"agent": "refuse"}`` (default; error ``human_in_control``) or
+                ``{"agent": "wait", "wait_timeout_s": 600}``.
 
         Returns:
             The ready session (its WebSocket opens on the first action).
@@ -575,7 +581,7 @@ class Client:
             image, width, height, memory_mib, vcpus, boot_timeout_s,
             cpu_quota_pct=cpu_quota_pct, disk_mib=disk_mib, ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s, approval=approval, egress_allow=egress_allow,
-            autostart=autostart,
+            autostart=autostart, takeover=takeover,
         )  # fmt: skip
         response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return Session(self, SessionInfo.from_json(response.json()))
