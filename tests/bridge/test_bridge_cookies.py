@@ -120,3 +120,16 @@ def test_websockets_sign_in_by_cookie(server_url: str) -> None:
         reply = json.loads(ws.recv(timeout=10))
         assert reply["result"]["holder"]["holder"] == f"token:{control['token_id']}"
     httpx.delete(f"{server_url}/v1/sessions/{sid}", headers=AUTH, timeout=30)
+
+
+def test_unknown_query_parameters_are_refused_by_name(client: TestClient) -> None:
+    sid = create_session(client)["id"]
+    response = client.post(f"/v1/sessions/{sid}/cookie?remember=1", headers=AUTH)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_query" and "'remember'" in error["message"]
+    response = client.get(f"/v1/sessions/{sid}/control?verbose=1&x=2")
+    assert "'verbose', 'x'" in response.json()["error"]["message"]
+    with client.websocket_connect(f"/v1/sessions/{sid}/control?as=human") as ws:
+        reply = ws.receive_json()
+        assert reply["error"]["code"] == "invalid_query" and "'as'" in reply["error"]["message"]

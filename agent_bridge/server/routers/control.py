@@ -23,16 +23,24 @@ from starlette.websockets import WebSocketDisconnect
 
 from agent_bridge.protocol.messages import ClientId, decode_envelope, encode_error, encode_result
 from agent_bridge.protocol.results import to_deskvm_result
-from agent_bridge.server.deps import Bridge, Principal, SessionDep, SessionGuard
+from agent_bridge.server.deps import (
+    Bridge,
+    Principal,
+    SessionDep,
+    SessionGuard,
+    unknown_query,
+)
 from agent_bridge.server.errors import ERROR_RESPONSES
 from agent_bridge.server.models import ControlInfo, TakeoverPolicyModel
 from agent_bridge.server.sockets import (
     CLOSE_GOING_AWAY,
+    CLOSE_POLICY_VIOLATION,
     MAX_MESSAGE_BYTES,
     SUBPROTOCOL,
     close_reason,
     offered_subprotocols,
     ready_session,
+    refuse,
     ws_principal,
 )
 from agent_bridge.server.state import BridgeState
@@ -76,6 +84,10 @@ async def control_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> N
         return
     offered = offered_subprotocols(websocket)
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    error = unknown_query(websocket.query_params.keys(), ())
+    if error is not None:
+        await refuse(websocket, error, CLOSE_POLICY_VIOLATION)
+        return
     session = await ready_session(websocket, bridge, session_id)
     if session is None:
         return
