@@ -68,11 +68,13 @@ class LiveFrame:
         number: the session's frame number (1, 2, 3...; one per change).
         pts_ns: capture time (the session clock's monotonic ns).
         image: the screen, RGB, display pixels. Shared: never modify it.
+        pixels: the same pixels as an ``(h, w, 3)`` array (read-only).
     """
 
     number: int
     pts_ns: int
     image: Image.Image
+    pixels: np.ndarray = field(repr=False, default_factory=lambda: np.empty((0, 0, 3), np.uint8))
     _encoded: dict[tuple[Codec, int, int | None], Encoded] = field(
         default_factory=dict, repr=False
     )
@@ -261,7 +263,7 @@ class FrameCapture:
             ):
                 return latest, False
             self._number += 1
-            frame = LiveFrame(self._number, pts_ns, image)
+            frame = LiveFrame(self._number, pts_ns, image, pixels)
             with self._cv:
                 if not self._stopped:
                     self._latest, self._latest_pixels = frame, pixels
@@ -332,7 +334,7 @@ class FrameCapture:
         Raises:
             RecorderError: the still could not be recorded.
         """
-        png = encode_png(frame.image)
+        png = encode_png(frame.pixels if frame.pixels.size else frame.image)
         event = self._recorder.add_frame(png, pts_ns=frame.pts_ns, reason=reason, source=source)
         if self._record_period_s is not None:
             with self._cv:

@@ -9,6 +9,7 @@ over holds the agent's input and handing back releases it.
 from __future__ import annotations
 
 import base64
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -76,12 +77,24 @@ def _canvas(page: Page) -> np.ndarray:
     return rgba[:, :, :3].astype(np.int16)
 
 
-def _click_canvas(page: Page, x: int, y: int) -> None:
-    """Click the canvas where it shows display pixel (x, y)."""
+def _click_canvas(page: Page, x: int, y: int) -> tuple[int, int]:
+    """Click the canvas on the CSS pixel that shows display pixel (x, y).
+
+    Returns:
+        The display pixel the page must send: the one under that CSS pixel's centre
+        (the canvas is scaled to the window, so a CSS pixel may cover more than one).
+    """
     box = page.locator("#screen").bounding_box()
     assert box is not None
-    page.mouse.click(box["x"] + (x + 0.5) * box["width"] / W,
-                     box["y"] + (y + 0.5) * box["height"] / H)  # fmt: skip
+    left, top = math.floor(box["x"]), math.floor(box["y"])
+    kx, ky = box["width"] / W, box["height"] / H
+    px, py = math.floor(box["x"] + x * kx) - left, math.floor(box["y"] + y * ky) - top
+    page.mouse.click(left + px + 0.5, top + py + 0.5)
+    offset_x, offset_y = left + px - box["x"], top + py - box["y"]
+    shown = (min(W - 1, math.floor((math.floor(offset_x) + 0.5) / kx)),
+             min(H - 1, math.floor((math.floor(offset_y) + 0.5) / ky)))  # fmt: skip
+    assert abs(shown[0] - x) <= 1 / kx + 1 and abs(shown[1] - y) <= 1 / ky + 1
+    return shown
 
 
 def _press_at(events: list[dict[str, Any]], x: int, y: int) -> bool:
@@ -106,11 +119,11 @@ def test_a_click_on_the_canvas_reaches_the_guest_at_that_point(
     page.click("#takeover")
     page.wait_for_function("document.body.dataset.control === 'mine'", timeout=10_000)
     try:
-        for x, y in ((321, 123), (W - 1, H - 1), (0, 0)):
+        for x, y in ((321, 123), (W - 1, H - 1), (0, 0), (640, 400)):
             since = probe.mark()
-            _click_canvas(page, x, y)
-            events = probe.wait(since, lambda ev, x=x, y=y: _press_at(ev, x, y), EVENT_TIMEOUT_S)
-            assert _press_at(events, x, y), presses(events)
+            want = _click_canvas(page, x, y)
+            events = probe.wait(since, lambda ev, w=want: _press_at(ev, *w), EVENT_TIMEOUT_S)
+            assert _press_at(events, *want), (want, presses(events))
     finally:
         page.click("#handback")
         page.wait_for_function("document.body.dataset.control === 'agent'", timeout=10_000)
@@ -172,8 +185,8 @@ def test_take_over_holds_the_agent_and_hand_back_releases_it(
     try:
         time.sleep(2)
         assert outcome == [] and agent.is_alive()  # held (policy: wait)
-        _click_canvas(page, 100, 100)  # the person's click goes through meanwhile
-        probe.wait(since, lambda ev: _press_at(ev, 100, 100))
+        human = _click_canvas(page, 100, 100)  # the person's click goes through meanwhile
+        probe.wait(since, lambda ev: _press_at(ev, *human))
         assert not _press_at(probe.events(since), 600, 400)
     finally:
         page.click("#handback")
@@ -181,4 +194,4 @@ def test_take_over_holds_the_agent_and_hand_back_releases_it(
     assert outcome == ["ok"]
     events = probe.wait(since, lambda ev: _press_at(ev, 600, 400))
     order = [(e["x"], e["y"]) for e in presses(events)]
-    assert order.index((100, 100)) < order.index((600, 400))  # the agent's ran after
+    assert order.index(human) < order.index((600, 400))  # the agent's ran after
