@@ -11,7 +11,10 @@ Prints, for one 1280x800 session (the default image):
     server's CPU is this process's (viewers and their decoding are elsewhere);
   * latency from an action (typing one character) to the first streamed frame showing it;
   * screenshot_after: an action then a screenshot once the screen is still (still_ms 300)
-    against the fixed 2 s sleep agents commonly use.
+    against the fixed 2 s sleep agents commonly use;
+  * the server's own capacity, without the guest's limits: the same stream runs against a
+    fake display whose 1280x800 screen changes on every grab (a scrolling terminal,
+    pre-rendered), so fps and CPU are the server's (capture compare, JPEG, send).
 
 Run as root on a host set up by `deskvm doctor --fix` with the default image built, under
 the VM lock:
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import statistics
 import subprocess
@@ -94,13 +98,17 @@ def screenshots(session: Session, binary: Session, base64: Session, shots: int) 
     assert domain is not None
     display = domain.display
     raw: dict[str, list[float]] = {"fdset": [], "libvirt": [], "binary": [], "base64": []}
+    kinds: list[tuple[str, Any]] = [
+        ("fdset", display.screendump),
+        ("libvirt", lambda: libvirt_screendump(display)),
+        ("binary", binary.screenshot),
+        ("base64", base64.screenshot),
+    ]
+    rng = random.Random(13)
     for _ in range(shots):
-        for name, fn in (
-            ("fdset", display.screendump),
-            ("libvirt", lambda: libvirt_screendump(display)),
-            ("binary", binary.screenshot),
-            ("base64", base64.screenshot),
-        ):
+        rng.shuffle(kinds)  # no kind always follows the same other one
+        for name, fn in kinds:
+            time.sleep(0.02)
             t0 = time.perf_counter()
             fn()
             raw[name].append((time.perf_counter() - t0) * 1000)
@@ -117,8 +125,10 @@ def screenshots(session: Session, binary: Session, base64: Session, shots: int) 
     print(f"  bridge (binary) / raw QMP screendump, p50: {ratio:.2f}x")
 
 
-def stream_fps(url: str, session: Session, seconds: float, viewers: int) -> dict[str, Any]:
-    capture = MANAGER.get(session.id).frames
+def stream_fps(
+    url: str, session: Session, seconds: float, viewers: int, manager: Any = None
+) -> dict[str, Any]:
+    capture = (manager or MANAGER).get(session.id).frames
     assert capture is not None
     env = {**os.environ, "DESKVM_BENCH_TOKEN": TOKEN}
     procs = [
@@ -209,6 +219,57 @@ def settle(session: Session, samples: int) -> None:
           f"({100 * (1 - mean_after / mean_fixed):.0f} %)")  # fmt: skip
 
 
+def terminal_frames(count: int) -> list[Any]:
+    """``count`` different 1280x800 screens: a terminal window scrolling text."""
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(7)
+    lines = [" ".join(rng.choice(["ls", "-la", "/usr/bin", "date", "1733027", ".431",
+                                  "deskvm", "frame", "x" * rng.randint(1, 9)])
+                      for _ in range(rng.randint(3, 12))) for _ in range(count + 60)]  # fmt: skip
+    frames = []
+    for i in range(count):
+        image = Image.new("RGB", (W, H), (0x2E, 0x4A, 0x62))
+        draw = ImageDraw.Draw(image)
+        draw.rectangle((60, 40, 900, 700), fill=(255, 255, 255))
+        for row, text in enumerate(lines[i : i + 55]):
+            draw.text((66, 44 + 12 * row), text, fill=(0, 0, 0))
+        frames.append(image)
+    return frames
+
+
+def synthetic(seconds: float) -> list[dict[str, Any]]:
+    """The stream against a fake display whose screen changes on every grab."""
+    import itertools
+    import tempfile
+
+    from orchestrator.hypervisor.fake import FakeHypervisor
+    from orchestrator.manager import SessionManager
+    from orchestrator.spec import BootImage
+
+    root = Path(tempfile.mkdtemp(prefix="deskvm-bench-"))
+    image = BootImage("fake", "0" * 64, root / "b", root / "k", root / "i")
+    manager = SessionManager(hypervisor=FakeHypervisor(), resolve_image=lambda _n: image,
+                             recordings_dir=root / "rec", capture_fps=2)  # fmt: skip
+    settings = Settings(default_image="fake")
+    frames = itertools.cycle(terminal_frames(30))
+    print(f"\nserver capacity: fake 1280x800 screen changing on every grab ({seconds:g} s "
+          "windows, JPEG q80, max_fps 30):")  # fmt: skip
+    with (
+        BackgroundServer(create_app(manager, token=TOKEN, settings=settings)) as server,
+        Client(server.url, TOKEN, timeout_s=60) as client,
+        client.create_session(width=W, height=H) as session,
+    ):
+        domain = manager.get(session.id)._domain
+        assert domain is not None
+        domain.display.screendump = lambda: next(frames)
+        runs = [stream_fps(server.url, session, seconds, n, manager) for n in (1, 4)]
+    one, four = runs
+    added = (four["server_cpu_pct"] - one["server_cpu_pct"]) / 3
+    print(f"  server CPU per added viewer: {added:.1f} % of a core")
+    return runs
+
+
 MANAGER: Any = None
 TOKEN = ""
 
@@ -221,6 +282,8 @@ def main() -> None:
     parser.add_argument("--shots", type=int, default=30, help="screenshots of each kind")
     parser.add_argument("--seconds", type=float, default=15.0, help="stream window per run")
     parser.add_argument("--samples", type=int, default=10, help="latency/settle samples")
+    parser.add_argument("--synthetic-only", action="store_true",
+                        help="only the server-capacity run (no VM)")  # fmt: skip
     parser.add_argument("--viewer", nargs=4, metavar=("URL", "SESSION", "SECONDS", "FPS"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
@@ -229,9 +292,13 @@ def main() -> None:
         viewer_main(url, sid, float(seconds), float(fps))
         return
 
+    TOKEN = secrets.token_urlsafe(16)
+    if args.synthetic_only:
+        print(f"host: {os.cpu_count()} cores; {load()}")
+        print(json.dumps({"synthetic": synthetic(args.seconds)}))
+        return
     settings = Settings.from_env()
     MANAGER = build_manager(settings)
-    TOKEN = secrets.token_urlsafe(16)
     print(f"host: {os.cpu_count()} cores, acceleration {MANAGER.hypervisor.accel}; {load()}")
     with (
         BackgroundServer(create_app(MANAGER, token=TOKEN, settings=settings)) as server,
@@ -256,6 +323,7 @@ def main() -> None:
             per_viewer = (four["server_cpu_pct"] - one["server_cpu_pct"]) / 3
             print(f"  server CPU per added viewer: {per_viewer:.1f} % of a core")
             print(json.dumps({"stream": runs}))
+    print(json.dumps({"synthetic": synthetic(args.seconds)}))
 
 
 if __name__ == "__main__":

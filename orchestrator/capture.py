@@ -80,6 +80,12 @@ class LiveFrame:
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def cached(
+        self, codec: Codec, quality: int = 80, max_long_edge: int | None = None
+    ) -> Encoded | None:
+        """The encoding if some viewer already asked for it (never blocks on an encode)."""
+        return self._encoded.get((codec, quality if codec != "png" else 0, max_long_edge))
+
     def encoded(self, codec: Codec, quality: int = 80, max_long_edge: int | None = None) -> Encoded:
         """This frame as ``codec`` (encoded once per codec/quality/size, then cached).
 

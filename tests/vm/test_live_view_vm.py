@@ -9,7 +9,6 @@ over holds the agent's input and handing back releases it.
 from __future__ import annotations
 
 import base64
-import math
 import threading
 import time
 from collections.abc import Iterator
@@ -78,23 +77,22 @@ def _canvas(page: Page) -> np.ndarray:
 
 
 def _click_canvas(page: Page, x: int, y: int) -> tuple[int, int]:
-    """Click the canvas on the CSS pixel that shows display pixel (x, y).
+    """Click the canvas where it shows display pixel (x, y).
 
     Returns:
-        The display pixel the page must send: the one under that CSS pixel's centre
-        (the canvas is scaled to the window, so a CSS pixel may cover more than one).
+        The display pixel the page sent (the one under the clicked CSS pixel's centre: the
+        canvas is scaled to the window, so a CSS pixel may cover more than one); it is
+        checked to be within a CSS pixel of (x, y).
     """
     box = page.locator("#screen").bounding_box()
     assert box is not None
-    left, top = math.floor(box["x"]), math.floor(box["y"])
     kx, ky = box["width"] / W, box["height"] / H
-    px, py = math.floor(box["x"] + x * kx) - left, math.floor(box["y"] + y * ky) - top
-    page.mouse.click(left + px + 0.5, top + py + 0.5)
-    offset_x, offset_y = left + px - box["x"], top + py - box["y"]
-    shown = (min(W - 1, math.floor((math.floor(offset_x) + 0.5) / kx)),
-             min(H - 1, math.floor((math.floor(offset_y) + 0.5) / ky)))  # fmt: skip
-    assert abs(shown[0] - x) <= 1 / kx + 1 and abs(shown[1] - y) <= 1 / ky + 1
-    return shown
+    page.mouse.click(box["x"] + (x + 0.5) * kx, box["y"] + (y + 0.5) * ky)
+    page.wait_for_function("document.body.dataset.lastPoint", timeout=5_000)
+    sent_x, sent_y = (int(v) for v in page.evaluate("document.body.dataset.lastPoint").split(","))
+    page.evaluate("delete document.body.dataset.lastPoint")
+    assert abs(sent_x - x) <= 1 / kx + 1 and abs(sent_y - y) <= 1 / ky + 1, (sent_x, sent_y)
+    return sent_x, sent_y
 
 
 def _press_at(events: list[dict[str, Any]], x: int, y: int) -> bool:

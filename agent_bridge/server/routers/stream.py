@@ -192,9 +192,11 @@ async def _send_frames(
         frame = viewer.take()
         if frame is None:
             continue
-        encoded = await anyio.to_thread.run_sync(
-            frame.encoded, params.codec, params.quality, params.max_long_edge
-        )
+        encoded = frame.cached(params.codec, params.quality, params.max_long_edge)
+        if encoded is None:  # the first viewer to want it encodes it (once)
+            encoded = await anyio.to_thread.run_sync(
+                frame.encoded, params.codec, params.quality, params.max_long_edge
+            )
         header = FrameHeader(
             frame.number, frame.pts_ns, encoded.width_px, encoded.height_px, params.codec, flags
         )
