@@ -339,6 +339,7 @@ class Session:
         self.extras: dict[str, Any] = {}
         """State of the layers above kept in the session's record (see :meth:`set_extra`)."""
         self._deadline_lock = threading.Lock()
+        self._persist_lock = threading.Lock()
         self._expired: str | None = None
         self._store_error_reported = False
 
@@ -730,7 +731,10 @@ class Session:
             StoreError: it could not be written.
         """
         if self._store is not None and self._state in ("starting", "ready"):
-            self._store.save(self.record())
+            # One writer at a time, each saving what it sees under the lock: a record
+            # built before an extension can never be saved after it.
+            with self._persist_lock:
+                self._store.save(self.record())
 
     def _persist_quietly(self) -> None:
         try:

@@ -183,3 +183,33 @@ def test_patch_ttl(world: World) -> None:
         ended = client.get(f"/v1/sessions/{sid}").json()
         assert ended["state"] == "closed" and ended["closed_reason"] == CLOSED_TTL
         assert client.patch(f"/v1/sessions/{sid}", json={"ttl_s": 300}).status_code == 409
+
+
+def test_an_action_record_built_before_an_extension_never_overwrites_it(world: World) -> None:
+    """An action's record write racing an extension: the stored ttl is the extended one."""
+    manager = world.server()
+    sid = _session(manager, ttl_s=10)
+    session = manager.get(sid)
+    entered, release = threading.Event(), threading.Event()
+    real_save = world.store.save
+
+    def slow_first_save(record: SessionRecord) -> None:
+        if not entered.is_set():
+            entered.set()
+            release.wait(5)
+        real_save(record)
+
+    world.store.save = slow_first_save  # type: ignore[method-assign]
+    mover = threading.Thread(
+        target=lambda: session.execute(parse_deskvm_action({"action": "move", "x": 3, "y": 3}))
+    )
+    mover.start()
+    assert entered.wait(5)  # the action's record write is under way (old ttl)
+    extender = threading.Thread(target=lambda: manager.extend_ttl(sid, 60, max_ttl_s=3600))
+    extender.start()
+    extender.join(0.3)
+    assert extender.is_alive()  # waits for the action's write, then writes its own
+    release.set()
+    mover.join(5)
+    extender.join(5)
+    assert world.store.load(sid).spec["ttl_s"] == 60  # type: ignore[union-attr]
