@@ -149,7 +149,6 @@ class NftEgress:
     def _session_dir(self, session_id: str) -> Path:
         return self.settings.state_dir / session_id
 
-
     def _host_addresses(self) -> tuple[str, ...]:
         data = json.loads(self._run(["ip", "-j", "addr", "show"]) or "[]")
         found = []
@@ -220,6 +219,7 @@ class NftEgress:
         return found
 
     def _ensure_tables(self) -> None:
+        self._remove_legacy_table()
         if not self._table_json(GUARD_TABLE):
             self._nft(render_guard_ruleset())
         if not self._table_json():
@@ -520,16 +520,47 @@ class NftEgress:
         return dead
 
     def _remove_legacy_table(self) -> None:
-        """Delete the ``inet deskvm`` table of deskvm versions before per-installation
-        names once no session of such a version is left in it: its forward hook (policy
-        drop) would drop every session's traffic."""
+        """Delete what a deskvm version before per-installation names left on the host, once
+        none of its sessions is alive: the ``inet deskvm`` table (its forward and input hooks
+        have policy drop, so while it exists it drops every other session's traffic), its
+        ``bridge deskvm_<id>`` tables and its ``dvm<id>``/``dvg<id>`` links.
+
+        A legacy session counts as alive while any process names its id (its dnsmasq, ulogd
+        or QEMU). A host left like this by a killed server of an older version broke every
+        later session with silent timeouts; now the next attach or reap clears it.
+
+        Raises:
+            EgressError: such a table still has a live session (an older deskvm server is
+                running on this host: stop it; the two cannot share the host).
+        """
         items = self._table_json(BASE_TABLE)
         if not items:
             return
+        legacy: set[str] = set()
         for item in items:
             obj = item.get("chain")
-            if isinstance(obj, dict) and _LABELLED_RE.match(str(obj.get("name", ""))):
-                return
+            if isinstance(obj, dict):
+                m = _LABELLED_RE.match(str(obj.get("name", "")))
+                if m:
+                    legacy.add(m.group(1))
+        alive = sorted(sid for sid in legacy if _pids_naming(sid))
+        if alive:
+            raise EgressError(
+                f"an older deskvm installation's table 'inet {BASE_TABLE}' has live sessions "
+                f"({', '.join(alive)}); its policy-drop hooks drop every other session's "
+                "traffic: stop that server first"
+            )
+        for session_id in sorted(legacy):
+            with contextlib.suppress(EgressError, OSError):
+                self._nft(f"delete table bridge {BASE_TABLE}_{session_id}\n")
+            for link in (guest_port_name(session_id), bridge_name(session_id)):
+                alias = Path(f"/sys/class/net/{link}/ifalias")
+                with contextlib.suppress(OSError):
+                    if re.match(r"deskvm:[0-9a-f]{8}:", alias.read_text()):
+                        continue  # a current installation's link (its alias names its tag)
+                if Path(f"/sys/class/net/{link}").exists():
+                    with contextlib.suppress(EgressError, OSError):
+                        self._run(["ip", "link", "del", link])
         self._nft(f"delete table inet {BASE_TABLE}\n")
 
     def _foreign(self, session_id: str) -> bool:
@@ -635,6 +666,15 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _pids_naming(session_id: str) -> set[int]:
+    """Processes whose command line contains ``session_id`` anywhere."""
+    return {
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and session_id in _cmdline(int(entry.name))
+    }
 
 
 def _pids_mentioning(text: str) -> set[int]:

@@ -15,8 +15,11 @@ Everything created is removed by :meth:`World.close`, also after a failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -250,6 +253,26 @@ class World:
         errors = self.close()
         if errors and exc[0] is None:
             raise RuntimeError(f"world teardown failed: {errors}")
+
+
+def purge_test_worlds() -> list[str]:
+    """Delete every test world on the host (``dvt*`` links and namespaces, the internet
+    servers running in them); returns what was removed. Only these tests create such names."""
+    removed = []
+    for path in Path("/sys/class/net").iterdir():
+        if path.name.startswith("dvt"):
+            sh("ip", "link", "del", path.name, check=False)
+            removed.append(f"link {path.name}")
+    netns = Path("/run/netns")
+    for ns in sorted(netns.iterdir()) if netns.is_dir() else []:
+        if ns.name.startswith("dvt"):
+            pids = sh("ip", "netns", "pids", ns.name, check=False).split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            sh("ip", "netns", "del", ns.name, check=False)
+            removed.append(f"netns {ns.name}")
+    return removed
 
 
 def leftovers() -> list[str]:

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -273,3 +274,68 @@ def test_a_restarted_server_adopts_the_egress_and_restarts_what_died(world: Worl
     with pytest.raises(EgressError, match="another installation"):
         NftEgress(w.settings, owner="/elsewhere").adopt(sid, POLICY)
     w.egress = fresh  # (the world detaches with it)
+
+
+LEGACY_SID = "zzlegacy0001"
+LEGACY_RULES = f"""
+table inet deskvm {{
+    chain fwd_{LEGACY_SID} {{ accept; }}
+    chain forward {{ type filter hook forward priority filter; policy drop; }}
+    chain input {{ type filter hook input priority filter; policy drop; }}
+}}
+table bridge deskvm_{LEGACY_SID} {{
+    chain prerouting {{ type filter hook prerouting priority -200; policy accept; }}
+}}
+"""
+
+
+def _add_legacy_leftovers() -> None:
+    """What a server of a deskvm version before per-installation names leaves when it is
+    killed: the shared ``inet deskvm`` table (policy-drop hooks), a session's bridge table
+    and its bridge with the old ``deskvm:<id>`` alias."""
+    subprocess.run(["nft", "-f", "-"], input=LEGACY_RULES, text=True, check=True)
+    br = f"dvm{LEGACY_SID}"
+    subprocess.run(["ip", "link", "add", br, "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "set", br, "alias", f"deskvm:{LEGACY_SID}"], check=True)
+
+
+def _remove_legacy_leftovers() -> None:
+    for argv in (
+        ["nft", "delete", "table", "inet", "deskvm"],
+        ["nft", "delete", "table", "bridge", f"deskvm_{LEGACY_SID}"],
+        ["ip", "link", "del", f"dvm{LEGACY_SID}"],
+    ):
+        subprocess.run(argv, capture_output=True)
+
+
+def test_an_older_versions_dead_leftovers_are_cleared_at_attach(bare_world: World) -> None:
+    """A killed server of an older version left its policy-drop table: before this was
+    handled, every later session's DNS and allowed connections timed out. The next attach
+    clears the dead version's objects and the session works."""
+    w = bare_world
+    _add_legacy_leftovers()
+    try:
+        attachment = w.attach()
+        assert "deskvm" not in _nft_tables()
+        assert f"deskvm_{LEGACY_SID}" not in _nft_tables()
+        assert not Path(f"/sys/class/net/dvm{LEGACY_SID}").exists()
+        _works(w, w.guest_ns, attachment)
+    finally:
+        _remove_legacy_leftovers()
+
+
+def test_an_older_versions_live_session_is_named_not_broken(bare_world: World) -> None:
+    """While a process still names a legacy session (an older server is running), attach
+    refuses with the reason and touches nothing of it."""
+    w = bare_world
+    _add_legacy_leftovers()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", LEGACY_SID])
+    try:
+        with pytest.raises(EgressError, match=f"older deskvm.*{LEGACY_SID}.*stop that server"):
+            w.egress.attach(new_session_id(), POLICY)
+        assert "deskvm" in _nft_tables()
+        assert Path(f"/sys/class/net/dvm{LEGACY_SID}").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        _remove_legacy_leftovers()
