@@ -525,9 +525,10 @@ class NftEgress:
         have policy drop, so while it exists it drops every other session's traffic), its
         ``bridge deskvm_<id>`` tables and its ``dvm<id>``/``dvg<id>`` links.
 
-        A legacy session counts as alive while any process names its id (its dnsmasq, ulogd
-        or QEMU). A host left like this by a killed server of an older version broke every
-        later session with silent timeouts; now the next attach or reap clears it.
+        A legacy session counts as alive while a process other than its own dnsmasq and
+        ulogd names its id (its QEMU); those two are orphans once their server died and are
+        stopped with the rest. A host left like this by a killed server of an older version
+        broke every later session with silent timeouts; now the next attach or reap clears it.
 
         Raises:
             EgressError: such a table still has a live session (an older deskvm server is
@@ -543,7 +544,10 @@ class NftEgress:
                 m = _LABELLED_RE.match(str(obj.get("name", "")))
                 if m:
                     legacy.add(m.group(1))
-        alive = sorted(sid for sid in legacy if _pids_naming(sid))
+        daemons = ("dnsmasq", "ulogd")  # its own helpers: orphans once its server died
+        alive = sorted(
+            sid for sid in legacy if any(_comm(pid) not in daemons for pid in _pids_naming(sid))
+        )
         if alive:
             raise EgressError(
                 f"an older deskvm installation's table 'inet {BASE_TABLE}' has live sessions "
@@ -551,6 +555,9 @@ class NftEgress:
                 "traffic: stop that server first"
             )
         for session_id in sorted(legacy):
+            for pid in _pids_naming(session_id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(EgressError, OSError):
                 self._nft(f"delete table bridge {BASE_TABLE}_{session_id}\n")
             for link in (guest_port_name(session_id), bridge_name(session_id)):
@@ -666,6 +673,13 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _pids_naming(session_id: str) -> set[int]:

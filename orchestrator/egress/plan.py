@@ -77,6 +77,7 @@ def session_bridge_table(tag: str, session_id: str) -> str:
     """The session's ``bridge`` table: ``deskvm_<tag>_<session_id>``."""
     return f"{BASE_TABLE}_{tag}_{session_id}"
 
+
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 NEVER_V4: tuple[str, ...] = (

@@ -314,13 +314,21 @@ def test_an_older_versions_dead_leftovers_are_cleared_at_attach(bare_world: Worl
     clears the dead version's objects and the session works."""
     w = bare_world
     _add_legacy_leftovers()
+    # Its dnsmasq outlived the killed server (a daemon): an orphan, stopped with the rest.
+    orphan = subprocess.Popen(
+        ["dnsmasq", "--keep-in-foreground", "--port=0", f"--pid-file=/tmp/{LEGACY_SID}.pid"]
+    )
     try:
         attachment = w.attach()
+        assert orphan.wait(timeout=5) is not None
         assert "deskvm" not in _nft_tables()
         assert f"deskvm_{LEGACY_SID}" not in _nft_tables()
         assert not Path(f"/sys/class/net/dvm{LEGACY_SID}").exists()
         _works(w, w.guest_ns, attachment)
     finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
         _remove_legacy_leftovers()
 
 
@@ -329,7 +337,9 @@ def test_an_older_versions_live_session_is_named_not_broken(bare_world: World) -
     refuses with the reason and touches nothing of it."""
     w = bare_world
     _add_legacy_leftovers()
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", LEGACY_SID])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", LEGACY_SID]
+    )  # its QEMU
     try:
         with pytest.raises(EgressError, match=f"older deskvm.*{LEGACY_SID}.*stop that server"):
             w.egress.attach(new_session_id(), POLICY)
