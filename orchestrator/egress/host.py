@@ -25,7 +25,7 @@ import fcntl
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +118,20 @@ class HostRegistry:
                 fh.write(f"{installation} {session_id}\n")
             return slot
         raise EgressError(f"the egress subnet pool is exhausted ({slot_count} sessions)")
+
+    def prune(self, has_bridge: Callable[[str], bool]) -> list[SlotClaim]:
+        """Release claims whose session has no bridge (call under the lock): attach creates
+        the bridge before it lets go of the lock and detach deletes it after taking it, so
+        such a claim is a killed process's (say, a test run killed mid-attach on an earlier
+        run of this host). Left alone, it would keep IP forwarding on for ever.
+
+        Returns:
+            the released claims.
+        """
+        stale = [c for c in self.claims() if not has_bridge(c.session_id)]
+        for claim in stale:
+            (self._slots / str(claim.slot)).unlink(missing_ok=True)
+        return stale
 
     def slot_of(self, installation: str, session_id: str) -> int | None:
         """The slot ``installation`` holds for ``session_id``, if any."""

@@ -248,6 +248,7 @@ class NftEgress:
             if self._session_dir(session_id).exists() or session_id in self.host.sessions():
                 raise EgressError(f"session {session_id} is already attached")
             try:
+                self.host.prune(lambda sid: Path(f"/sys/class/net/{bridge_name(sid)}").exists())
                 slot = self.host.claim(self.installation, session_id, self.settings.slot_count)
                 plan = self._plan(session_id, policy, slot)
                 state = self._session_dir(session_id)

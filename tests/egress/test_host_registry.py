@@ -100,3 +100,14 @@ def test_foreign_files_in_the_slots_directory_are_ignored(host: HostRegistry) ->
     with host.locked():
         assert host.claim(A, "a1aaaaaaaaaa", slot_count=4) == 1
     assert [c.session_id for c in host.claims()] == ["a1aaaaaaaaaa"]
+
+
+def test_claims_without_a_bridge_are_pruned(host: HostRegistry) -> None:
+    """A claim whose session has no bridge is a killed attach's: pruned, so it neither holds
+    a slot nor keeps IP forwarding on; claims with a bridge stay."""
+    host.claim("aaaaaaaa", "s00000000001", 4)
+    host.claim("bbbbbbbb", "s00000000002", 4)
+    pruned = host.prune(lambda sid: sid == "s00000000002")
+    assert [(c.installation, c.session_id) for c in pruned] == [("aaaaaaaa", "s00000000001")]
+    assert host.sessions() == {"s00000000002"}
+    assert host.claim("aaaaaaaa", "s00000000003", 4) == 0
