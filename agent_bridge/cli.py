@@ -683,7 +683,8 @@ def serve(
 ) -> None:
     """Run the bridge server: REST to create sessions, a WebSocket per session for actions.
 
-    The token is printed once and kept in <state-dir>/token (mode 0600); session tokens
+    The token is printed once and kept in <state-dir>/token (mode 0600), unless given by
+    --token or DESKVM_TOKEN (then it is not stored anywhere); session tokens
     are signed with <state-dir>/token-signing.key, so they outlive a restart. A restart
     loses no session: a server killed (or stopped with --on-exit keep) and started again
     under the same name takes back its running sessions (their recordings continue after
@@ -694,7 +695,7 @@ def serve(
     refused (422 egress_not_configured); sessions without one never have a NIC.
     """
     from agent_bridge.runtime import build_authority, build_manager, ensure_token
-    from agent_bridge.server import create_app, run_server
+    from agent_bridge.server import create_app, listen, run_server
     from orchestrator.settings import split_csv
 
     settings = _settings(
@@ -723,11 +724,18 @@ def serve(
             node_ip=node_ip_address,
         )
         return
-    manager = build_manager(settings, server_name=settings.server_name or f"serve-{port}")
-    token_value = ensure_token(settings)
-    app_ = create_app(
-        manager, token=token_value, settings=settings, authority=build_authority(settings)
-    )
+    # The port first: a second server on a busy port fails here, before it starts
+    # anything or prints a token.
+    sock = listen(host, port)
+    try:
+        manager = build_manager(settings, server_name=settings.server_name or f"serve-{port}")
+        token_value = ensure_token(settings)
+        app_ = create_app(
+            manager, token=token_value, settings=settings, authority=build_authority(settings)
+        )
+    except BaseException:
+        sock.close()
+        raise
     console.print(
         f"[bold]deskvm bridge[/] on http://{host}:{port}  "
         f"(acceleration: {manager.hypervisor.accel}, server name {manager.owner!r}, "
@@ -740,10 +748,19 @@ def serve(
         )
     else:
         console.print("egress: not configured (sessions with an egress policy are refused)")
-    console.print(f"token: [bold]{token_value}[/]  (also in {settings.token_file})")
+    console.print(f"token: [bold]{token_value}[/]  ({_token_source(settings, given=token)})")
     console.print(f"docs:  http://{host}:{port}/docs   protocol: docs/protocol.md")
     console.print(f"replay viewer: http://{host}:{port}/replay/#token={token_value}")
-    run_server(app_, host=host, port=port)
+    run_server(app_, host=host, port=port, sock=sock)
+
+
+def _token_source(settings: Settings, *, given: str | None) -> str:
+    """Where the admin token printed by ``serve`` lives (a given token is not stored)."""
+    if given is not None:
+        return f"given by --token; not stored ({settings.token_file} is not used)"
+    if settings.token:
+        return f"from DESKVM_TOKEN; not stored ({settings.token_file} is not used)"
+    return f"also in {settings.token_file}"
 
 
 def _serve_ray(
@@ -758,22 +775,27 @@ def _serve_ray(
 ) -> None:
     """``deskvm serve --ray``: a bridge of the cluster at ``address`` (Ray imported here)."""
     from agent_bridge.cluster.launch import connect, serve_cluster
-    from agent_bridge.server import run_server
+    from agent_bridge.server import listen, run_server
 
     if require_accel not in (None, "kvm", "tcg"):
         raise typer.BadParameter("--require-accel must be kvm or tcg")
-    with console.status(f"joining the Ray cluster at {address} ..."):
-        connect(address, node_ip=node_ip)
-        app_, token_value = serve_cluster(
-            settings,
-            admin_token=settings.token,
-            placement_timeout_s=placement_timeout_s,
-            require_accel=require_accel,
-        )
+    sock = listen(host, port)  # before joining anything or printing the token
+    try:
+        with console.status(f"joining the Ray cluster at {address} ..."):
+            connect(address, node_ip=node_ip)
+            app_, token_value = serve_cluster(
+                settings,
+                admin_token=settings.token,
+                placement_timeout_s=placement_timeout_s,
+                require_accel=require_accel,
+            )
+    except BaseException:
+        sock.close()
+        raise
     console.print(f"[bold]deskvm cluster bridge[/] on http://{host}:{port}  (Ray: {address})")
     console.print(f"token: [bold]{token_value}[/]  (the cluster's: every bridge takes it)")
     console.print(f"docs:  http://{host}:{port}/docs   design: docs/scale-out.md")
-    run_server(app_, host=host, port=port)
+    run_server(app_, host=host, port=port, sock=sock)
 
 
 @app.command()

@@ -235,24 +235,14 @@ class BackgroundServer:
     def __init__(self, app: object, *, host: str = "127.0.0.1", port: int = 0) -> None:
         import socket
 
-        import uvicorn
+        from agent_bridge.server import make_server
 
         if port == 0:
             with socket.socket() as s:
                 s.bind((host, 0))
                 port = s.getsockname()[1]
         self.url = f"http://{host}:{port}"
-        from agent_bridge.server import MAX_MESSAGE_BYTES
-
-        config = uvicorn.Config(
-            app,  # type: ignore[arg-type]
-            host=host,
-            port=port,
-            log_level="warning",
-            lifespan="on",
-            ws_max_size=MAX_MESSAGE_BYTES,
-        )
-        self._server = uvicorn.Server(config)
+        self._server = make_server(app, host, port, log_level="warning")  # type: ignore[arg-type]
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> BackgroundServer:

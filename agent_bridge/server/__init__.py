@@ -33,7 +33,7 @@ logged, never echoed and never read from the URL.
 
 from __future__ import annotations
 
-from agent_bridge.server.app import create_app, run_server
+from agent_bridge.server.app import create_app, listen, make_server, run_server
 from agent_bridge.server.errors import STATUS_BY_CODE
 from agent_bridge.server.models import (
     CreateSessionRequest,
@@ -75,5 +75,7 @@ __all__ = [
     "NetworkDecisionModel",
     "SessionInfo",
     "create_app",
+    "listen",
+    "make_server",
     "run_server",
 ]

@@ -8,15 +8,18 @@ Everything a route needs lives on ``app.state.bridge`` (a
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import socket
 import threading
 from collections.abc import AsyncIterator
 
 import anyio.to_thread
+import uvicorn
 from fastapi import FastAPI
 
 from agent_bridge.server.deps import known_query_only
-from agent_bridge.server.errors import install_error_handlers
+from agent_bridge.server.errors import JsonErrorsMiddleware, install_error_handlers
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.server.routers import (
     actions,
@@ -40,7 +43,7 @@ from orchestrator.errors import ConfigError, DeskvmError
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
 
-__all__ = ["create_app", "run_server"]
+__all__ = ["create_app", "listen", "make_server", "run_server"]
 
 log = logging.getLogger("deskvm.bridge")
 
@@ -103,6 +106,7 @@ def create_app(
         state.authority.on_change = state.store_tokens
     app.state.bridge = state
     install_error_handlers(app)
+    app.add_middleware(JsonErrorsMiddleware)
 
     app.include_router(replay.router_for(state))
     app.include_router(assets_router())
@@ -199,29 +203,64 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 log.error("teardown at shutdown failed: %s", error)
 
 
-def run_server(
+def listen(host: str, port: int) -> socket.socket:
+    """Bind the server's listening socket (before anything is started or printed).
+
+    Args:
+        host: interface address (IPv4 or IPv6 literal, or a name).
+        port: TCP port; 0 picks a free one (``sock.getsockname()[1]``).
+
+    Returns:
+        A listening TCP socket (``SO_REUSEADDR``, as uvicorn binds), for
+        :func:`run_server`'s ``sock``.
+
+    Raises:
+        ConfigError: code ``address_in_use``: another process listens there (the message
+            says which address); ``invalid_config``: the address cannot be bound.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"{host}:{port} is already in use (another deskvm serve?); stop it or "
+                "choose another --port",
+                code="address_in_use",
+            ) from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that tells the bridge when it begins to shut down.
+
+    uvicorn lets in-flight requests finish before the app's lifespan ends; a session
+    create still booting would otherwise wait out the graceful timeout and be cancelled
+    (a plain-text 500). Setting ``BridgeState.shutting_down`` first lets it end its
+    session and answer 503 ``server_shutting_down``.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        app = self.config.app
+        bridge = getattr(getattr(app, "state", None), "bridge", None)
+        if isinstance(bridge, BridgeState):
+            bridge.shutting_down.set()
+        await super().shutdown(sockets)
+
+
+def make_server(
     app: FastAPI,
     host: str = "127.0.0.1",
     port: int = 8765,
     *,
     log_level: str = "info",
     graceful_timeout_s: float = 10.0,
-) -> None:
-    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, then shut down gracefully.
-
-    Open WebSockets are closed by uvicorn, in-flight requests get ``graceful_timeout_s``
-    seconds, then the app's lifespan closes every live session (domains destroyed,
-    overlays deleted; recordings kept).
-
-    Args:
-        app: from :func:`create_app`.
-        host: interface to bind (default loopback only).
-        port: TCP port; 0 picks a free one.
-        log_level: uvicorn's log level.
-        graceful_timeout_s: seconds in-flight requests may take at shutdown.
-    """
-    import uvicorn
-
+) -> uvicorn.Server:
+    """The uvicorn server :func:`run_server` runs (for callers that run it themselves,
+    e.g. in a thread: set ``server.should_exit`` to stop it)."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -231,4 +270,36 @@ def run_server(
         ws_max_size=MAX_MESSAGE_BYTES,
         timeout_graceful_shutdown=int(graceful_timeout_s),
     )
-    uvicorn.Server(config).run()
+    return _Server(config)
+
+
+def run_server(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    log_level: str = "info",
+    graceful_timeout_s: float = 10.0,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, then shut down gracefully.
+
+    At the signal, sessions still booting are ended (their creates answer 503
+    ``server_shutting_down``), open WebSockets are closed by uvicorn, in-flight requests
+    get ``graceful_timeout_s`` seconds (then answer 503 ``server_shutting_down``), then
+    the app's lifespan closes every live session (domains destroyed, overlays deleted;
+    recordings kept).
+
+    Args:
+        app: from :func:`create_app`.
+        host: interface to bind (default loopback only).
+        port: TCP port; 0 picks a free one.
+        log_level: uvicorn's log level.
+        graceful_timeout_s: seconds in-flight requests may take at shutdown.
+        sock: a socket from :func:`listen` to serve on (then ``host``/``port`` only
+            label the log); ``None``: uvicorn binds ``host``/``port`` itself.
+    """
+    server = make_server(
+        app, host, port, log_level=log_level, graceful_timeout_s=graceful_timeout_s
+    )
+    server.run(sockets=None if sock is None else [sock])

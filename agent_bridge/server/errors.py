@@ -4,18 +4,23 @@ A :class:`~orchestrator.errors.DeskvmError` gets the status of :data:`STATUS_BY_
 (unlisted codes 500, unlisted :class:`~orchestrator.errors.ProtocolError` codes 400);
 FastAPI's validation errors become 422 ``invalid_request`` with the field errors in
 ``details``; Starlette's 404/405/401 become ``not_found`` / ``method_not_allowed`` /
-``unauthorized``; anything else is logged and answers 500 ``internal_error``.
+``unauthorized``; anything else is logged and answers 500 ``internal_error``. A request
+cancelled before it answered (uvicorn's graceful shutdown timed out) answers 503
+``server_shutting_down`` (:class:`JsonErrorsMiddleware`), so no path answers plain text.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_bridge.server.models import ErrorBody
 from orchestrator.errors import BootTimeout, DeskvmError, ProtocolError
@@ -23,6 +28,7 @@ from orchestrator.errors import BootTimeout, DeskvmError, ProtocolError
 __all__ = [
     "ERROR_RESPONSES",
     "STATUS_BY_CODE",
+    "JsonErrorsMiddleware",
     "error_response",
     "install_error_handlers",
     "plain_error",
@@ -54,6 +60,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "over_memory": 503,
     "insufficient_disk": 503,
     "cluster_full": 503,
+    "server_shutting_down": 503,
     "no_matching_node": 503,
     "node_unreachable": 502,
     "session_lost": 410,
@@ -87,8 +94,9 @@ def error_response(
     if exc.code == "unauthorized":
         headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
     if exc.code in (
-        "over_capacity", "over_memory", "insufficient_disk", "rate_limited", "cluster_full"
-    ):
+        "over_capacity", "over_memory", "insufficient_disk", "rate_limited", "cluster_full",
+        "server_shutting_down",
+    ):  # fmt: skip
         headers = {"Retry-After": "5", **(headers or {})}
     return JSONResponse({"error": detail}, status_code=status, headers=headers)
 
@@ -151,3 +159,52 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
+
+
+class JsonErrorsMiddleware:
+    """ASGI middleware: an HTTP request cancelled before its answer started gets the JSON
+    error shape instead of the server's plain-text 500.
+
+    Exceptions are the error handlers' job (they run inside Starlette's own middleware);
+    this catches what is not an ``Exception``: the cancellation uvicorn sends to requests
+    still running when its graceful shutdown times out. The answer is 503
+    ``server_shutting_down`` with ``Retry-After``; the cancellation then propagates.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except anyio.get_cancelled_exc_class():
+            if not started:
+                with anyio.CancelScope(shield=True):
+                    await _send_json(send, 503, "server_shutting_down",
+                                     "the server is shutting down; try again once it is back",
+                                     {"retry-after": "5"})  # fmt: skip
+            raise
+
+
+async def _send_json(
+    send: Send, status: int, code: str, message: str, headers: dict[str, str]
+) -> None:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.encode(), v.encode()) for k, v in headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})

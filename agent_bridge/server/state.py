@@ -9,6 +9,7 @@ dependency, which reads this object. Each session's approval policy lives on the
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -63,6 +64,9 @@ class BridgeState:
         controls: who has taken over which session.
         takeover: take-over policy per session id (absent: the default, refuse).
         cookies: signs and checks browser sign-in cookies.
+        shutting_down: set when the server begins to shut down (Ctrl-C, SIGTERM): a
+            session still booting is ended and its create answers 503
+            ``server_shutting_down``.
     """
 
     manager: SessionManager
@@ -75,6 +79,7 @@ class BridgeState:
     controls: ControlDesk = field(default_factory=ControlDesk)
     takeover: dict[str, TakeoverPolicy] = field(default_factory=dict)
     cookies: CookieSigner = field(init=False)
+    shutting_down: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         authority = self.authority

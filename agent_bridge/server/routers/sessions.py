@@ -21,13 +21,16 @@ from agent_bridge.server.deps import BaseUrl, Bridge, SessionDep, SessionGuard, 
 from agent_bridge.server.errors import ERROR_RESPONSES
 from agent_bridge.server.models import CreateSessionRequest, ExtendRequest, SessionInfo
 from agent_bridge.server.state import BridgeState
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, SessionClosed
 from orchestrator.session import Session
 from orchestrator.spec import DisplaySpec, EgressPolicy
 
 __all__ = ["router"]
 
 log = logging.getLogger("deskvm.bridge")
+
+_WATCH_S = 0.2
+"""How often a booting create looks for a gone client or a server shutdown, seconds."""
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES)
 
@@ -44,7 +47,8 @@ async def create_session(
     ``hypervisor_error`` / ``egress_error``, 422 ``invalid_egress`` (the message names
     the malformed entry) or ``egress_not_configured`` (a policy on a server without an
     egress upstream). If the client disconnects while the session boots, the session
-    is deleted.
+    is deleted; if the server begins to shut down (Ctrl-C, SIGTERM) meanwhile, the session
+    is ended and the answer is 503 ``server_shutting_down``.
     """
     settings = bridge.settings
     if body.ttl_s is not None and body.ttl_s > settings.session_max_ttl_s:
@@ -172,18 +176,29 @@ async def _run_unless_disconnected(
     started: list[Session],
     bridge: BridgeState,
 ) -> Session:
-    """Run the blocking ``create`` in a worker thread; delete the session if the client leaves.
+    """Run the blocking ``create`` in a worker thread; delete the session if the client
+    leaves or the server begins to shut down while it boots.
 
     Raises:
+        SessionClosed: code ``server_shutting_down`` (503): the server began to shut down
+            (Ctrl-C, SIGTERM) while the session booted; it was ended.
         Whatever ``create`` raises.
     """
     outcome: list[Session] = []
     failure: list[Exception] = []
+    shut_down: list[str] = []
     async with anyio.create_task_group() as tg:
 
-        async def watch_client() -> None:
+        async def watch() -> None:
             while True:
-                await anyio.sleep(0.5)
+                await anyio.sleep(_WATCH_S)
+                if bridge.shutting_down.is_set() and started:
+                    session_id = started[0].id
+                    log.info("session %s: server shutting down while it booted; ending it",
+                             session_id)  # fmt: skip
+                    shut_down.append(session_id)
+                    await bridge.delete_quietly(session_id, "server shutdown")
+                    return
                 if await request.is_disconnected():
                     if started:
                         log.info("session %s: client disconnected while it booted; deleting",
@@ -191,13 +206,19 @@ async def _run_unless_disconnected(
                         await bridge.delete_quietly(started[0].id, "client disconnected")
                     return
 
-        tg.start_soon(watch_client)
+        tg.start_soon(watch)
         try:
             outcome.append(await anyio.to_thread.run_sync(create))
         except Exception as exc:  # re-raised below, outside the task group's ExceptionGroup
             failure.append(exc)
         finally:
             tg.cancel_scope.cancel()
+    if shut_down:
+        raise SessionClosed(
+            f"the server is shutting down; session {shut_down[0]} was ended while it "
+            "booted (create it again once the server is back)",
+            code="server_shutting_down",
+        )
     if failure:
         raise failure[0]
     return outcome[0]
