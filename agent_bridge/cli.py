@@ -54,6 +54,10 @@ replay_app = typer.Typer(
 refs_app = typer.Typer(
     help="Visual references for desktop tests (refs/<name>.png + .json; see docs/qa.md)."
 )
+task_app = typer.Typer(
+    help="Task suites in OSWorld's format: validate them, run them with an agent (docs/tasks.md).",
+    no_args_is_help=True,
+)
 
 
 def _print_version(value: bool) -> None:
@@ -83,6 +87,7 @@ def _root(
 app.add_typer(image_app, name="image")
 app.add_typer(replay_app, name="replay")
 app.add_typer(refs_app, name="refs")
+app.add_typer(task_app, name="task")
 
 StateDir = Annotated[
     Path | None,
@@ -1294,6 +1299,148 @@ def refs_import_needles(
         + f", {counts['failed']} failed"
     )
     if counts["failed"]:
+        raise typer.Exit(1)
+
+
+# --- task suites ----------------------------------------------------------------------------
+
+TaskPaths = Annotated[
+    list[Path],
+    typer.Argument(help="Task files (OSWorld's JSON format) or directories of them (*.json).",
+                   metavar="TASKS..."),
+]  # fmt: skip
+
+
+@task_app.command("check")
+@_errors
+def task_check(tasks: TaskPaths) -> None:
+    """Validate task files without running them: every setup step, getter and metric must be
+    one deskvm supports, with valid parameters and existing local files."""
+    from agent_bridge.tasks import collect_tasks
+
+    loaded = collect_tasks(tasks)
+    table = Table("task", "setup steps", "evaluator", "file")
+    for t in loaded:
+        ev = t.evaluator
+        funcs = f" {ev.conj} ".join(ev.funcs)
+        table.add_row(t.id, ", ".join(s.type for s in t.config) or "-", funcs, t.path or "")
+    out.print(table)
+    out.print(f"{len(loaded)} task(s) valid")
+
+
+@task_app.command("run")
+@_errors
+def task_run(
+    tasks: TaskPaths,
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MODULE:CALLABLE",
+            help="The agent: a callable (class or factory) returning an object with OSWorld's"
+            " predict(instruction, obs) -> (response, actions); MODULE is dotted or a .py path."
+            " Default: an agent that says DONE at once (a task it passes is broken).",
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(help="A running bridge (deskvm serve); default: start one in this process."),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(help="Its admin token (default: DESKVM_TOKEN, else the token file)."),
+    ] = None,
+    image: Annotated[str | None, typer.Option(help="Image for the sessions.")] = None,
+    width: Annotated[int, typer.Option(help="Display width, pixels.")] = 1280,
+    height: Annotated[int, typer.Option(help="Display height, pixels.")] = 800,
+    reuse_session: Annotated[
+        bool,
+        typer.Option(
+            help="One session for all tasks (faster; each task's setup must reset what it"
+            " checks). Default: a fresh session, and recording, per task.",
+        ),
+    ] = False,
+    max_steps: Annotated[int, typer.Option(help="Agent predictions per task.")] = 15,
+    action_space: Annotated[
+        str, typer.Option(help="How the agent's plain strings are read: pyautogui | computer_13.")
+    ] = "pyautogui",
+    egress_allow: Annotated[
+        list[str] | None,
+        typer.Option(help="Egress allowlist entry for the sessions (repeatable; downloads)."),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="Results directory (default: ./deskvm-tasks/<UTC time>)."),
+    ] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Run task files with an agent: results table, results.json, summary.txt, recordings.
+
+    Every task is validated first (unsupported steps, getters or metrics are named before
+    anything starts). Exit code 0 when every task passed, 1 otherwise.
+    """
+    from datetime import UTC, datetime
+
+    from agent_bridge.client import Client
+    from agent_bridge.tasks import DesktopEnv, DoneAgent, collect_tasks, load_agent, run_tasks
+
+    loaded = collect_tasks(tasks)
+    factory = load_agent(agent) if agent else DoneAgent
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    results_dir = out_dir or Path("deskvm-tasks") / stamp
+    options: dict[str, Any] = {"width": width, "height": height}
+    if image is not None:
+        options["image"] = image
+    if egress_allow is not None:
+        options["egress_allow"] = egress_allow
+    settings = _settings(state_dir)
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            import secrets
+
+            from agent_bridge.runtime import BackgroundServer, build_manager
+            from agent_bridge.server import create_app
+
+            manager = build_manager(settings)
+            manager.reap()
+            token = secrets.token_urlsafe(24)
+            server = stack.enter_context(
+                BackgroundServer(create_app(manager, token=token, settings=settings))
+            )
+            url = server.url
+        elif token is None:
+            from agent_bridge.runtime import ensure_token
+
+            token = ensure_token(settings)
+        client = stack.enter_context(Client(url, token))
+        env = stack.enter_context(
+            DesktopEnv(
+                client=client, action_space=action_space, cache_dir=results_dir / "cache",
+                reuse_session=reuse_session, session_options=options,
+            )
+        )  # fmt: skip
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(),
+            TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
+        ) as progress:  # fmt: skip
+            bar = progress.add_task("tasks", total=len(loaded))
+            report = run_tasks(
+                loaded, factory, env=env, agent_name=agent or "DoneAgent", max_steps=max_steps,
+                out_dir=results_dir,
+                on_task=lambda t: progress.update(bar, description=t.id),
+                on_outcome=lambda o: progress.advance(bar),
+            )  # fmt: skip
+    table = Table("task", "result", "score", "steps", "time", "recording / error")
+    for o in report.outcomes:
+        status = "[green]PASS[/]" if o.passed else ("[red]ERROR[/]" if o.error else "[red]FAIL[/]")
+        detail = f"{o.error['code']}: {o.error['message']}" if o.error else (o.recording or "")
+        table.add_row(o.id, status, f"{o.score:.2f}", str(o.steps), f"{o.duration_s:.1f} s", detail)
+    out.print(table)
+    s = report.summary
+    out.print(
+        f"{s['passed']}/{s['total']} passed, {s['failed']} failed, {s['errors']} errors "
+        f"(mean score {s['mean_score']}); results: {report.results_path}"
+    )
+    if s["passed"] != s["total"]:
         raise typer.Exit(1)
 
 

@@ -45,6 +45,13 @@ MODULES = [
     "agent_bridge.qa.checks",
     "agent_bridge.qa.report",
     "agent_bridge.qa.needles",
+    "agent_bridge.tasks",
+    "agent_bridge.tasks.model",
+    "agent_bridge.tasks.metrics",
+    "agent_bridge.tasks.guest",
+    "agent_bridge.tasks.ops",
+    "agent_bridge.tasks.env",
+    "agent_bridge.tasks.runner",
 ]
 
 
