@@ -20,12 +20,35 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from orchestrator.errors import DeskvmError
-from orchestrator.settings import Settings
+from orchestrator.settings import DEFAULT_STATE_DIR, Settings
 
 __all__ = ["app", "main"]
 
 console = Console(stderr=True)
 out = Console()
+_DEFAULTS = Settings()
+
+
+def _hide_flag_types() -> None:
+    """Show no value type after flags in ``--help``.
+
+    typer 0.29 prints a type column for every option, flags included
+    (``--force/--no-force <bool>``, ``--help <bool>``), though a flag takes no value.
+    """
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_deskvm", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich._deskvm = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
 
 app = typer.Typer(
     name="deskvm",
@@ -91,7 +114,10 @@ app.add_typer(task_app, name="task")
 
 StateDir = Annotated[
     Path | None,
-    typer.Option(help="State directory (images, sessions, recordings). Env: DESKVM_STATE_DIR."),
+    typer.Option(
+        help="State directory (images, sessions, recordings). Env: DESKVM_STATE_DIR. "
+        rf"\[default: {DEFAULT_STATE_DIR}]"
+    ),
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -598,20 +624,37 @@ def serve(
             help="Admin bearer token (default: DESKVM_TOKEN, else the token file, else new).",
         ),
     ] = None,
-    max_sessions: Annotated[int | None, typer.Option(help="Concurrent sessions accepted.")] = None,
+    max_sessions: Annotated[
+        int | None,
+        typer.Option(help=rf"Concurrent sessions accepted. \[default: {_DEFAULTS.max_sessions}]"),
+    ] = None,
     max_total_memory_mib: Annotated[
         int | None,
-        typer.Option(help="Sum of live sessions' memory hard limits accepted, MiB."),
+        typer.Option(
+            help="Sum of live sessions' memory hard limits accepted, MiB. \\[default: derived "
+            "from the host's RAM]"
+        ),
     ] = None,
     session_ttl_s: Annotated[
-        float | None, typer.Option(help="Default maximum session lifetime, seconds.")
+        float | None,
+        typer.Option(
+            help="A session's lifetime when its create gives no ttl_s, seconds. "
+            rf"\[default: {_DEFAULTS.session_ttl_s:g}]"
+        ),
     ] = None,
     idle_timeout_s: Annotated[
-        float | None, typer.Option(help="Default idle timeout (no action), seconds.")
+        float | None,
+        typer.Option(
+            help="Idle timeout (no action) when a create gives none, seconds. "
+            rf"\[default: {_DEFAULTS.idle_timeout_s:g}]"
+        ),
     ] = None,
     allowed_origin: Annotated[
         list[str] | None,
-        typer.Option(help="WebSocket Origin accepted from browsers (repeatable)."),
+        typer.Option(
+            help="WebSocket Origin accepted from browsers (repeatable). \\[default: none; "
+            "Env: DESKVM_ALLOWED_ORIGINS]"
+        ),
     ] = None,
     egress_upstream_iface: Annotated[
         str | None,

@@ -54,6 +54,7 @@ def read_events(bundle: Path) -> list[dict[str, Any]]:
     """
     path = bundle / "events.jsonl"
     if not path.is_file():
+        _check_bundle(bundle)
         raise RecorderError(f"{bundle} is not a deskvm recording (no events.jsonl)")
     events = []
     with path.open(encoding="utf-8", errors="replace") as f:
@@ -87,7 +88,23 @@ class RecordingSummary:
     first_bad_seq: int | None = None
 
 
+def _check_bundle(bundle: Path) -> None:
+    """Raise ``not_a_recording`` unless ``bundle`` is a directory holding a recording."""
+    if not bundle.exists():
+        raise RecorderError(f"{bundle}: no such recording directory", code="not_a_recording")
+    if not bundle.is_dir():
+        raise RecorderError(f"{bundle} is not a recording directory (it is a file)",
+                            code="not_a_recording")  # fmt: skip
+    if not (bundle / "manifest.json").exists() and not (bundle / "events.jsonl").exists():
+        raise RecorderError(
+            f"{bundle} is not a recording directory (a recording holds manifest.json and "
+            "events.jsonl; sessions write theirs under <state-dir>/recordings/<session id>)",
+            code="not_a_recording",
+        )
+
+
 def _manifest(bundle: Path) -> dict[str, Any]:
+    _check_bundle(bundle)
     try:
         manifest: dict[str, Any] = json.loads((bundle / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
@@ -189,6 +206,7 @@ def verify(bundle: Path) -> VerifyReport:
     manifest = _manifest(bundle)
     path = bundle / "events.jsonl"
     if not path.is_file():
+        _check_bundle(bundle)
         raise RecorderError(f"{bundle} is not a deskvm recording (no events.jsonl)")
     raw = path.read_bytes()
     lines = raw.split(b"\n")
@@ -462,10 +480,21 @@ class Recording:
         (crash-interrupted) segment fall back to the latest earlier readable frame.
 
         Raises:
-            RecorderError: no readable frame at or before ``t_s``.
+            RecorderError: code ``no_frame``: ``t_s`` is before the first frame (the
+                message says when that is) or the recording has no frame; otherwise no
+                readable frame at or before ``t_s``.
         """
         t_ns = self.origin_ns + round(t_s * 1e9)
         i = bisect.bisect_right(self._pts, t_ns)
+        if not self._frames:
+            raise RecorderError(f"{self.path} has no frames", code="no_frame")
+        if i == 0:
+            first_s = (self._pts[0] - self.origin_ns) / 1e9
+            raise RecorderError(
+                f"no frame yet at {t_s:.3f} s: the first frame is at {first_s:.3f} s "
+                f"(event {self._frames[0][1]}); the recording lasts {self.duration_s:.3f} s",
+                code="no_frame",
+            )
         last_error: RecorderError | None = None
         while i > 0:
             seq = self._frames[i - 1][1]

@@ -70,6 +70,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "guest_helper_error": 502,
     "egress_error": 502,
     "recorder_error": 500,
+    "no_frame": 404,
+    "not_a_recording": 404,
     "internal_error": 500,
 }
 """HTTP status of each error ``code`` on the REST side; unlisted codes answer 500, unlisted
