@@ -50,6 +50,7 @@ from agent_bridge.client import (
     ActReply,
     BridgeConnectionError,
     ButtonName,
+    ExecResult,
     Health,
     RemoteError,
     Screenshot,
@@ -57,11 +58,15 @@ from agent_bridge.client import (
     StreamFrame,
     _closed,
     _raise_for_error,
+    a11y_message,
     act_reply,
     create_body,
     ended_reason,
+    exec_message,
+    file_bytes,
     image_of,
     parse_reply,
+    put_file_message,
     reply_result,
     socket_url,
     stream_url,
@@ -160,6 +165,7 @@ class AsyncClient:
         egress_allow: Sequence[str] | None = None,
         autostart: str | None = None,
         takeover: Mapping[str, Any] | None = None,
+        guest_control: bool = False,
     ) -> AsyncSession:
         """Create a session and wait until its desktop is drawn.
 
@@ -177,7 +183,7 @@ class AsyncClient:
             image, width, height, memory_mib, vcpus, boot_timeout_s,
             cpu_quota_pct=cpu_quota_pct, disk_mib=disk_mib, ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s, approval=approval, egress_allow=egress_allow,
-            autostart=autostart, takeover=takeover,
+            autostart=autostart, takeover=takeover, guest_control=guest_control,
         )  # fmt: skip
         response = await self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return AsyncSession(self, SessionInfo.from_json(response.json()))
@@ -196,7 +202,7 @@ class AsyncClient:
     async def mint_token(
         self,
         session_id: str,
-        scope: Literal["view", "control", "admin"],
+        scope: Literal["view", "control", "exec", "admin"],
         *,
         ttl_s: float | None = None,
         single_use: bool = False,
@@ -568,6 +574,66 @@ class AsyncSession(AsyncVisualChecks):
         """Where the host last put the pointer, display pixels."""
         result = await self._do("cursor_position")
         return int(result["x"]), int(result["y"])
+
+    # --- guest control (sessions created with guest_control=True; token scope exec) ------
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        stdin: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        *,
+        secret: bool = False,
+    ) -> ExecResult:
+        """Run ``argv`` in the guest; as :meth:`agent_bridge.client.Session.exec`."""
+        message, wait_s = exec_message(argv, stdin, timeout_s, env, secret)
+        result = await self.request(message, timeout_s=max(wait_s, self.client.timeout_s))
+        return ExecResult.from_result(result)
+
+    async def put_file(self, path: str, data: bytes, *, secret: bool = False) -> dict[str, Any]:
+        """Write ``data`` to ``path`` in the guest; ``{path, size_bytes, sha256}``."""
+        result: dict[str, Any] = await self.request(put_file_message(path, data, secret))
+        return result
+
+    async def get_file(self, path: str) -> bytes:
+        """The content of the guest file at ``path`` (checked against its sha256)."""
+        return file_bytes(await self.request({"action": "get_file", "path": path}))
+
+    async def clipboard_get(self) -> str:
+        """The text of the guest's CLIPBOARD selection."""
+        return str((await self._do("clipboard_get"))["text"])
+
+    async def clipboard_set(self, text: str, *, secret: bool = False) -> None:
+        """Make ``text`` the guest's CLIPBOARD (and PRIMARY) selection."""
+        await self._do("clipboard_set", text=text, secret=secret or None)
+
+    async def windows(self) -> list[dict[str, Any]]:
+        """The guest's top-level windows (see :meth:`agent_bridge.client.Session.windows`)."""
+        return list((await self._do("windows"))["windows"])
+
+    async def window_activate(self, id: int) -> None:
+        """Raise and focus window ``id``."""
+        await self._do("window_activate", window_id=id)
+
+    async def window_close(self, id: int) -> None:
+        """Ask window ``id`` to close."""
+        await self._do("window_close", window_id=id)
+
+    async def a11y_tree(
+        self, window_id: int | None = None, max_nodes: int | None = None
+    ) -> dict[str, Any]:
+        """The AT-SPI tree of the desktop or of one window (``{tree, truncated, nodes}``)."""
+        result: dict[str, Any] = await self.request(
+            a11y_message(window_id, max_nodes), timeout_s=max(self.client.timeout_s, 70.0)
+        )
+        return result
+
+    async def set_resolution(self, width: int, height: int) -> tuple[int, int]:
+        """Change the display size while the session runs; returns the new size."""
+        result = await self._do("set_resolution", width=width, height=height,
+                                extra_wait_ms=30_000)  # fmt: skip
+        return int(result["width"]), int(result["height"])
 
     # --- live stream --------------------------------------------------------------------
 

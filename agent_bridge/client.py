@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import itertools
 import json
 import time
@@ -58,6 +59,7 @@ __all__ = [
     "ActReply",
     "BridgeConnectionError",
     "Client",
+    "ExecResult",
     "FrameStream",
     "Health",
     "RemoteError",
@@ -74,6 +76,8 @@ _MAX_REPLY_BYTES = 96 * 1024 * 1024
 """Largest reply taken: a 4096x4096 screenshot of pure noise is a ~50 MB PNG, ~67 MB in
 base64 (the JSON reply's encoding), so the whole documented display range fits."""
 _BOOT_MARGIN_S = 30.0
+_GUEST_MARGIN_S = 15.0
+"""Time a guest exec reply may take beyond its timeout_s (the host's own margin is 10 s)."""
 
 ButtonName = Literal["left", "middle", "right", "back", "forward"]
 
@@ -229,6 +233,103 @@ class Health:
     sessions: int
 
 
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """What a guest ``exec`` returned (see ``docs/protocol.md``, guest control).
+
+    Attributes:
+        exit_code: the process's exit status; ``-N`` when signal ``N`` killed it (``-9``
+            after ``timeout_s``); 127: no such program.
+        stdout, stderr: the outputs, UTF-8 decoded (invalid bytes replaced), each cut at
+            ``cap_bytes`` bytes.
+        stdout_truncated, stderr_truncated: whether output was cut.
+        cap_bytes: the cap on each output, bytes.
+        timed_out: the process ran past ``timeout_s`` and was killed.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    cap_bytes: int = 0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0."""
+        return self.exit_code == 0
+
+    @classmethod
+    def from_result(cls, result: Mapping[str, Any]) -> ExecResult:
+        return cls(
+            exit_code=int(result["exit_code"]),
+            stdout=str(result["stdout"]),
+            stderr=str(result["stderr"]),
+            stdout_truncated=bool(result.get("stdout_truncated", False)),
+            stderr_truncated=bool(result.get("stderr_truncated", False)),
+            cap_bytes=int(result.get("cap_bytes", 0)),
+            timed_out=bool(result.get("timed_out", False)),
+        )
+
+
+def exec_message(
+    argv: Sequence[str],
+    stdin: str | None,
+    timeout_s: float,
+    env: Mapping[str, str] | None,
+    secret: bool,
+) -> tuple[dict[str, Any], float]:
+    """The ``exec`` request and how long to wait for its reply (seconds).
+
+    Raises:
+        TypeError: ``argv`` is a string (give a list: no shell is involved).
+    """
+    if isinstance(argv, str):
+        raise TypeError("argv must be a list of strings, not a string (no shell is involved)")
+    message: dict[str, Any] = {"action": "exec", "argv": list(argv), "timeout_s": timeout_s}
+    if stdin is not None:
+        message["stdin"] = stdin
+    if env:
+        message["env"] = dict(env)
+    if secret:
+        message["secret"] = True
+    return message, timeout_s + _GUEST_MARGIN_S
+
+
+def put_file_message(path: str, data: bytes, secret: bool) -> dict[str, Any]:
+    """The ``put_file`` request for ``data`` (bytes) at ``path``."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError("data must be bytes (encode text first)")
+    encoded = base64.b64encode(bytes(data)).decode("ascii")
+    message: dict[str, Any] = {"action": "put_file", "path": path, "data_b64": encoded}
+    if secret:
+        message["secret"] = True
+    return message
+
+
+def a11y_message(window_id: int | None, max_nodes: int | None) -> dict[str, Any]:
+    """The ``a11y_tree`` request."""
+    message: dict[str, Any] = {"action": "a11y_tree"}
+    if window_id is not None:
+        message["window_id"] = window_id
+    if max_nodes is not None:
+        message["max_nodes"] = max_nodes
+    return message
+
+
+def file_bytes(result: Mapping[str, Any]) -> bytes:
+    """The content of a ``get_file`` result, checked against its ``sha256``.
+
+    Raises:
+        BridgeConnectionError: the content does not match its hash (corrupted in transit).
+    """
+    data = base64.b64decode(result["data_b64"])
+    if hashlib.sha256(data).hexdigest() != result.get("sha256"):
+        raise BridgeConnectionError("get_file: the content does not match its sha256")
+    return data
+
+
 def create_body(
     image: str | None,
     width: int,
@@ -245,6 +346,7 @@ def create_body(
     egress_allow: Sequence[str] | None,
     autostart: str | None,
     takeover: Mapping[str, Any] | None = None,
+    guest_control: bool = False,
 ) -> tuple[dict[str, Any], float]:
     """The ``POST /v1/sessions`` body and how long to wait for its answer (seconds).
 
@@ -271,6 +373,8 @@ def create_body(
     ):
         if value is not None:
             body[key] = value
+    if guest_control:
+        body["guest_control"] = True
     if egress_allow is not None:
         if isinstance(egress_allow, str):
             raise TypeError("egress_allow must be a list of entries, not a string")
@@ -542,6 +646,7 @@ class Client:
         egress_allow: Sequence[str] | None = None,
         autostart: str | None = None,
         takeover: Mapping[str, Any] | None = None,
+        guest_control: bool = False,
     ) -> Session:
         """Create a session and wait until its desktop is drawn.
 
@@ -565,6 +670,9 @@ class Client:
             takeover: what the agent's input gets while a person has taken over:
                 ``{"agent": "refuse"}`` (default; error ``human_in_control``) or
                 ``{"agent": "wait", "wait_timeout_s": 600}``.
+            guest_control: allow the guest control plane on this session (:meth:`Session.exec`,
+                files, clipboard, windows, accessibility tree, resolution; needs a token of
+                scope ``exec``). Off by default.
 
         Returns:
             The ready session (its WebSocket opens on the first action).
@@ -581,7 +689,7 @@ class Client:
             image, width, height, memory_mib, vcpus, boot_timeout_s,
             cpu_quota_pct=cpu_quota_pct, disk_mib=disk_mib, ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s, approval=approval, egress_allow=egress_allow,
-            autostart=autostart, takeover=takeover,
+            autostart=autostart, takeover=takeover, guest_control=guest_control,
         )  # fmt: skip
         response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return Session(self, SessionInfo.from_json(response.json()))
@@ -605,7 +713,7 @@ class Client:
     def mint_token(
         self,
         session_id: str,
-        scope: Literal["view", "control", "admin"],
+        scope: Literal["view", "control", "exec", "admin"],
         *,
         ttl_s: float | None = None,
         single_use: bool = False,
@@ -1155,6 +1263,93 @@ class Session(VisualChecks):
         """Where the host last put the pointer, display pixels."""
         result = self._do("cursor_position")
         return int(result["x"]), int(result["y"])
+
+    # --- guest control (sessions created with guest_control=True; token scope exec) ------
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        stdin: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        *,
+        secret: bool = False,
+    ) -> ExecResult:
+        """Run ``argv`` in the guest as the desktop user (no shell) and wait for it.
+
+        Args:
+            argv: program and arguments, e.g. ``["ls", "-l", "/tmp"]``.
+            stdin: text fed to its standard input (closed after).
+            timeout_s: the guest kills it (its whole process group) after this, seconds.
+            env: variables added to the desktop session's environment.
+            secret: keep argv, environment and outputs out of the recording (keyed digests).
+
+        Returns:
+            Its exit code and outputs (each capped, truncation flagged). A non-zero exit
+            is a result, not an error.
+
+        Raises:
+            RemoteError: ``guest_control_disabled``, ``forbidden`` (scope), ``invalid_action``,
+                ``guest_helper_error`` (the guest did not answer in time),
+                ``guest_reply_invalid``, ``approval_denied``...
+        """
+        message, wait_s = exec_message(argv, stdin, timeout_s, env, secret)
+        return ExecResult.from_result(
+            self.request(message, timeout_s=max(wait_s, self.client.timeout_s))
+        )
+
+    def put_file(self, path: str, data: bytes, *, secret: bool = False) -> dict[str, Any]:
+        """Write ``data`` to ``path`` in the guest (home directory or /tmp; parents must
+        exist). Returns ``{path, size_bytes, sha256}``."""
+        result: dict[str, Any] = self.request(put_file_message(path, data, secret))
+        return result
+
+    def get_file(self, path: str) -> bytes:
+        """The content of the guest file at ``path`` (home directory or /tmp, at most
+        8 MiB), checked against the hash the server computed."""
+        return file_bytes(self.request({"action": "get_file", "path": path}))
+
+    def clipboard_get(self) -> str:
+        """The text of the guest's CLIPBOARD selection (``""`` when it holds none)."""
+        return str(self._do("clipboard_get")["text"])
+
+    def clipboard_set(self, text: str, *, secret: bool = False) -> None:
+        """Make ``text`` the guest's CLIPBOARD (and PRIMARY) selection: ``ctrl+v`` in an
+        app then pastes exactly it."""
+        self._do("clipboard_set", text=text, secret=secret or None)
+
+    def windows(self) -> list[dict[str, Any]]:
+        """The guest's top-level windows: ``[{id, title, class, x, y, width, height,
+        focused}]`` (display pixels of the client area)."""
+        return list(self._do("windows")["windows"])
+
+    def window_activate(self, id: int) -> None:
+        """Raise and focus window ``id`` (from :meth:`windows`)."""
+        self._do("window_activate", window_id=id)
+
+    def window_close(self, id: int) -> None:
+        """Ask window ``id`` to close (its application may ask first)."""
+        self._do("window_close", window_id=id)
+
+    def a11y_tree(
+        self, window_id: int | None = None, max_nodes: int | None = None
+    ) -> dict[str, Any]:
+        """The AT-SPI tree of the desktop or of one window: ``{tree: {role, name, states, x,
+        y, width, height, children}, truncated, nodes}``."""
+        result: dict[str, Any] = self.request(
+            a11y_message(window_id, max_nodes), timeout_s=max(self.client.timeout_s, 70.0)
+        )
+        return result
+
+    def set_resolution(self, width: int, height: int) -> tuple[int, int]:
+        """Change the display to ``width`` x ``height`` while the session runs; screenshots,
+        the stream and coordinates follow. Returns the new size.
+
+        Raises:
+            RemoteError: ``unsupported_resolution`` naming the sizes the display can do.
+        """
+        result = self._do("set_resolution", width=width, height=height, extra_wait_ms=30_000)
+        return int(result["width"]), int(result["height"])
 
     # --- live stream --------------------------------------------------------------------
 

@@ -6,8 +6,11 @@ server's secret, salt ``deskvm.session-token``); itsdangerous compares signature
 constant time. The authority is pure apart from its revocation/use table: no I/O.
 
 Scopes are ordered: ``view`` (frames only: screenshot, zoom, cursor position; read the
-session) < ``control`` (every action) < ``admin`` (lifecycle and policy of that session:
-delete, approval policy and decisions, minting and revoking its tokens).
+session) < ``control`` (every input action) < ``exec`` (the guest control plane as well:
+exec, files, clipboard, windows, accessibility tree, resolution; only on sessions created
+with ``guest_control``) < ``admin`` (lifecycle and policy of that session: delete, approval
+policy and decisions, minting and revoking its tokens). ``control`` does not imply
+``exec``.
 
 Restarts: the signing secret is the installation's (``agent_bridge.runtime.ensure_signing_key``
 keeps it in a 0600 file), so tokens minted before a bridge restart verify after it; what
@@ -44,8 +47,8 @@ __all__ = [
     "scope_allows",
 ]
 
-Scope = Literal["view", "control", "admin"]
-SCOPES: tuple[Scope, ...] = ("view", "control", "admin")
+Scope = Literal["view", "control", "exec", "admin"]
+SCOPES: tuple[Scope, ...] = ("view", "control", "exec", "admin")
 TOKEN_PREFIX = "dvt1."
 """Every minted token starts with this (tells it apart from the server's admin token)."""
 
@@ -59,7 +62,8 @@ class TokenError(DeskvmError):
 
 
 def scope_allows(have: Scope, need: Scope) -> bool:
-    """Whether a token of scope ``have`` may do what needs ``need`` (view < control < admin)."""
+    """Whether a token of scope ``have`` may do what needs ``need``
+    (view < control < exec < admin)."""
     return SCOPES.index(have) >= SCOPES.index(need)
 
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import re
 import secrets
+import shlex
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agent_bridge.protocol.actions import ACTION_KINDS, Action, HoldKey, Key, Type, action_name
+from agent_bridge.protocol.guest import Exec, GetFile, PutFile
 from agent_bridge.protocol.keys import KeyCombo, combo_text, parse_combo
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import ActionError, ConfigError, DeskvmError
@@ -249,6 +251,20 @@ def _check_kinds(kinds: tuple[str, ...]) -> None:
         )
 
 
+def _compile(name: str, patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    regexes = []
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ConfigError(f"approval {name} must be strings, got {pattern!r}")
+        if len(pattern) > _MAX_PATTERN_CHARS:
+            raise ConfigError(f"approval pattern longer than {_MAX_PATTERN_CHARS} chars")
+        try:
+            regexes.append(re.compile(pattern))
+        except re.error as exc:
+            raise ConfigError(f"approval pattern {pattern!r}: {exc}") from exc
+    return tuple(regexes)
+
+
 @dataclass(frozen=True, slots=True)
 class ApprovalPolicy:
     """Which actions of a session are held for an operator.
@@ -265,6 +281,11 @@ class ApprovalPolicy:
             part (see :meth:`reason` and :func:`typed_effect`).
         timeout_s: seconds an operator has to decide; then the action is denied.
         include_observations: in supervised mode, also hold screenshot/zoom/cursor queries.
+        argv_patterns: Python regular expressions held against a guest ``exec``'s command
+            line: ``re.search`` over its argv joined as a shell would quote it
+            (``shlex.join``, e.g. ``rm -rf /tmp/x``).
+        path_patterns: Python regular expressions held against the path of a ``put_file``
+            or ``get_file`` (``re.search``; the path as sent, already normalised).
 
     Raises:
         ConfigError: unknown combo, bad regular expression, too many rules, bad timeout.
@@ -276,11 +297,19 @@ class ApprovalPolicy:
     text_patterns: tuple[str, ...] = ()
     timeout_s: float = 60.0
     include_observations: bool = False
+    argv_patterns: tuple[str, ...] = ()
+    path_patterns: tuple[str, ...] = ()
     _combos: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
     _regexes: tuple[re.Pattern[str], ...] = field(default=(), init=False, repr=False, compare=False)
+    _argv_res: tuple[re.Pattern[str], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
+    _path_res: tuple[re.Pattern[str], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
-        for name in ("kinds", "key_combos", "text_patterns"):
+        for name in ("kinds", "key_combos", "text_patterns", "argv_patterns", "path_patterns"):
             value = getattr(self, name)
             if isinstance(value, str):
                 raise ConfigError(f"approval {name} must be a list, not a string")
@@ -297,16 +326,10 @@ class ApprovalPolicy:
                 "them alone, name it in kinds"
             )
         combos = frozenset(str(parse_combo(c)) for c in self.key_combos)
-        regexes = []
-        for pattern in self.text_patterns:
-            if len(pattern) > _MAX_PATTERN_CHARS:
-                raise ConfigError(f"approval pattern longer than {_MAX_PATTERN_CHARS} chars")
-            try:
-                regexes.append(re.compile(pattern))
-            except re.error as exc:
-                raise ConfigError(f"approval pattern {pattern!r}: {exc}") from exc
         object.__setattr__(self, "_combos", combos)
-        object.__setattr__(self, "_regexes", tuple(regexes))
+        object.__setattr__(self, "_regexes", _compile("text_patterns", self.text_patterns))
+        object.__setattr__(self, "_argv_res", _compile("argv_patterns", self.argv_patterns))
+        object.__setattr__(self, "_path_res", _compile("path_patterns", self.path_patterns))
 
     def to_json(self) -> dict[str, object]:
         """The policy's fields as JSON-ready data (what :meth:`from_json` takes)."""
@@ -317,6 +340,8 @@ class ApprovalPolicy:
             "text_patterns": list(self.text_patterns),
             "timeout_s": self.timeout_s,
             "include_observations": self.include_observations,
+            "argv_patterns": list(self.argv_patterns),
+            "path_patterns": list(self.path_patterns),
         }
 
     @classmethod
@@ -334,6 +359,8 @@ class ApprovalPolicy:
                 text_patterns=tuple(data["text_patterns"]),
                 timeout_s=float(data["timeout_s"]),
                 include_observations=bool(data["include_observations"]),
+                argv_patterns=tuple(data.get("argv_patterns", ())),
+                path_patterns=tuple(data.get("path_patterns", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not an approval policy: {exc!r}") from exc
@@ -341,7 +368,14 @@ class ApprovalPolicy:
     @property
     def empty(self) -> bool:
         """Whether the policy holds nothing."""
-        return not (self.every_action or self.kinds or self.key_combos or self.text_patterns)
+        return not (
+            self.every_action
+            or self.kinds
+            or self.key_combos
+            or self.text_patterns
+            or self.argv_patterns
+            or self.path_patterns
+        )
 
     def reason(self, action: Action, typed: TypedWindow | None = None) -> str | None:
         """Why ``action`` must wait for approval, or ``None`` if it may run at once.
@@ -372,6 +406,15 @@ class ApprovalPolicy:
                 for regex in self._regexes:
                     if regex.search(text):
                         return f"typed text matches /{regex.pattern}/"
+            case Exec(argv=argv):
+                line = shlex.join(argv)
+                for regex in self._argv_res:
+                    if regex.search(line):
+                        return f"exec argv matches /{regex.pattern}/"
+            case PutFile(path=path) | GetFile(path=path):
+                for regex in self._path_res:
+                    if regex.search(path):
+                        return f"path matches /{regex.pattern}/"
         if typed is not None and self._regexes and typed_effect(action):
             combined, kept = typed.preview(action)
             for regex in self._regexes:

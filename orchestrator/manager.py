@@ -175,6 +175,7 @@ class SessionManager:
         idle_timeout_s: float | None = None,
         autostart: Autostart | None = None,
         egress: EgressPolicy | None = None,
+        guest_control: bool = False,
     ) -> Session:
         """Start a session and block until its desktop is drawn.
 
@@ -187,6 +188,8 @@ class SessionManager:
                 also decides the readiness criterion.
             egress: the session's network allowlist; ``None`` (default) means no NIC at
                 all. An empty policy gets a NIC, DHCP and a resolver that answers nothing.
+            guest_control: allow the guest control plane (exec, files, clipboard...) on
+                this session; off by default.
 
         Raises:
             CapacityError: ``over_capacity`` (``max_sessions`` are live already) or
@@ -226,6 +229,7 @@ class SessionManager:
             idle_timeout_s=idle_timeout_s,
             autostart=autostart,
             egress=egress,
+            guest_control=guest_control,
         )
         with self._lock:
             if len(self._live) >= self._max_sessions:

@@ -38,10 +38,12 @@ from agent_bridge.protocol.actions import (
     Zoom,
     action_name,
     action_to_dict,
+    is_guest_action,
 )
+from agent_bridge.protocol.guest import ClipboardSet, Exec, GuestAction, PutFile, SetResolution
 from agent_bridge.protocol.keys import MODIFIER_QCODES, text_to_combos
 from agent_bridge.protocol.messages import check_bounds
-from agent_bridge.protocol.results import CursorResult, Done, ImageResult, Result
+from agent_bridge.protocol.results import CursorResult, Done, GuestResult, ImageResult, Result
 from orchestrator.approval import ApprovalPolicy, TypedWindow
 from orchestrator.capture import FrameCapture
 from orchestrator.clock import Clock, SystemClock
@@ -58,16 +60,25 @@ from orchestrator.errors import (
     BootTimeout,
     ConfigError,
     DeskvmError,
+    DisplayError,
     EgressError,
     HypervisorError,
     SessionClosed,
 )
+from orchestrator.guest_control import run_guest_action
 from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
 from orchestrator.imaging import encode_png as _encode_png
 from orchestrator.input_plan import HelperStep, Pacing, PlanStep, plan_action, release_all
 from orchestrator.instance import boot_id
 from orchestrator.recorder import Recorder, Source
-from orchestrator.spec import ReadyCheck, SessionSpec
+from orchestrator.spec import (
+    MAX_DISPLAY_PX,
+    MIN_DISPLAY_PX,
+    DisplaySpec,
+    ReadyCheck,
+    SessionSpec,
+    check_display_size,
+)
 from orchestrator.store import SessionRecord, SessionStore, spec_to_json
 
 __all__ = [
@@ -342,6 +353,8 @@ class Session:
         self._persist_lock = threading.Lock()
         self._expired: str | None = None
         self._store_error_reported = False
+        self._display_memory_kib = spec.display.memory_kib
+        """The display device's video memory, fixed at boot (bounds a resolution change)."""
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -1076,6 +1089,12 @@ class Session:
             if expired is not None:
                 # A passed deadline ends the session even before the sweeper gets to it.
                 raise SessionClosed(f"session {self.id} has expired ({expired})")
+            if is_guest_action(action) and not self.spec.guest_control:
+                raise ActionError(
+                    f"{action_name(action)}: guest control is off for session {self.id}; "
+                    'create the session with "guest_control": true to use it',
+                    code="guest_control_disabled",
+                )
             if gate is not None:
                 reason = self.approval_reason(action)
                 if reason is not None:
@@ -1094,6 +1113,8 @@ class Session:
                     self._secrets.append(secret)
             if raw is not None:
                 record["raw"] = _scrub(raw, secret) if secret else dict(raw)
+            if is_guest_action(action):
+                return self._guest(action, record, source)  # type: ignore[arg-type]
             try:
                 check_bounds(action, display.width_px, display.height_px)
                 steps = self._plan(action)
@@ -1138,6 +1159,98 @@ class Session:
             self._recorder.append("result", _result_record(action, result))
             self._persist_quietly()  # last action (the idle deadline), cursor, typed text
             return result
+
+    def _guest(self, action: GuestAction, record: dict[str, Any], source: Source) -> Result:
+        """Carry out a guest control action through the helper (under the action lock).
+
+        The request is recorded (sizes and hashes, no contents) before it is sent; the
+        checked result is recorded after, marked as the guest's word.
+        """
+        assert self._domain is not None
+        helper = self._domain.helper
+        try:
+            if helper is None:
+                reason: str | None = f"the image {self.spec.image.name!r} has no guest helper"
+            else:
+                reason = helper.unavailable_reason(wait_s=HELPER_ANNOUNCE_WAIT_S)
+            if reason is not None:
+                raise ActionError(
+                    f"{action_name(action)} needs the in-guest helper, which is not "
+                    f"available: {reason}",
+                    code="guest_control_unavailable",
+                )
+            if isinstance(action, SetResolution):
+                self._check_resolution(action.width, action.height)
+        except DeskvmError as exc:
+            self._recorder.append("input", record, source=source)
+            self._recorder.append("error", {"code": exc.code, "message": exc.message})
+            raise
+        secret = _secret_of(action)
+        if secret is not None:
+            record["action"]["digest"] = self._recorder.secret_digest(secret)
+        self._recorder.append("input", record, source=source)
+        assert helper is not None
+        try:
+            result = run_guest_action(helper, action, digest=self._recorder.secret_digest)
+            if isinstance(action, SetResolution):
+                self._display_changed(int(result.data["width"]), int(result.data["height"]))
+        except DeskvmError as exc:
+            if self._closing.is_set():
+                with contextlib.suppress(DeskvmError):
+                    self._recorder.append(
+                        "error", {"code": "session_closed", "message": exc.message}
+                    )
+                raise SessionClosed(f"session {self.id} ended during the action") from exc
+            self._recorder.append("error", {"code": exc.code, "message": exc.message})
+            raise
+        self._recorder.append("result", {**result.record, "reported_by": "guest"})
+        self._persist_quietly()
+        return result
+
+    def _check_resolution(self, width_px: int, height_px: int) -> None:
+        """Refuse a size the running display cannot take, naming sizes it can.
+
+        Raises:
+            ActionError: code ``unsupported_resolution``.
+        """
+        try:
+            check_display_size(width_px, height_px, memory_kib=self._display_memory_kib)
+        except ConfigError as exc:
+            raise ActionError(
+                f"{width_px}x{height_px} is not a size this display can take: {exc.message}. "
+                + supported_sizes_hint(width_px, height_px, self._display_memory_kib),
+                code="unsupported_resolution",
+            ) from None
+
+    def _display_changed(self, width_px: int, height_px: int) -> None:
+        """The guest says its screen is now ``width_px`` x ``height_px``: check and adopt it.
+
+        The screendump must show the new size (within 5 s); then the session's display
+        (bounds of actions, the tablet's scaling, screenshots, stream) follows it.
+
+        Raises:
+            DisplayError: the display does not show what the guest reported.
+        """
+        assert self._domain is not None
+        deadline = time.monotonic() + 5.0
+        while True:
+            shown = self._domain.display.screendump().size
+            if shown == (width_px, height_px):
+                break
+            if time.monotonic() > deadline:
+                raise DisplayError(
+                    f"the guest reported a {width_px}x{height_px} screen but the display "
+                    f"shows {shown[0]}x{shown[1]}"
+                )
+            time.sleep(0.1)
+        self.spec = dataclasses.replace(
+            self.spec, display=DisplaySpec(width_px=width_px, height_px=height_px)
+        )
+        x, y = self._cursor
+        self._cursor = (min(x, width_px - 1), min(y, height_px - 1))
+        self._recorder.append(
+            "lifecycle", {"event": "display_changed", "display": [width_px, height_px]}
+        )
 
     def _plan(self, action: Action) -> list[PlanStep]:
         """The action's input steps; refuses (before any input) what cannot be carried out.
@@ -1342,6 +1455,45 @@ class Session:
         return (time.monotonic_ns() - self.created_ns) / 1e9
 
 
+def _secret_of(action: GuestAction) -> str | None:
+    """The content a secret guest action keeps out of the recording (keyed digest only)."""
+    match action:
+        case Exec(secret=True, argv=argv, stdin=stdin, env=env):
+            return json.dumps([list(argv), stdin, list(env)])
+        case PutFile(secret=True, data=data):
+            return data.hex()
+        case ClipboardSet(secret=True, text=text):
+            return text
+    return None
+
+
+def supported_sizes_hint(width_px: int, height_px: int, memory_kib: int) -> str:
+    """A sentence naming the sizes a display with ``memory_kib`` of video memory takes,
+    and the nearest ones to ``width_px`` x ``height_px``."""
+    def fits(w: int, h: int) -> bool:
+        try:
+            check_display_size(w, h, memory_kib=memory_kib)
+        except ConfigError:
+            return False
+        return True
+
+    near: list[str] = []
+    h = min(max(height_px, MIN_DISPLAY_PX), MAX_DISPLAY_PX)
+    for w in (width_px - width_px % 8, width_px - width_px % 8 + 8):
+        w = min(max(w, MIN_DISPLAY_PX), MAX_DISPLAY_PX)
+        if fits(w, h) and f"{w}x{h}" not in near:
+            near.append(f"{w}x{h}")
+    if not near:
+        near = [s for s in ("1920x1080", "1280x800", "1024x768", "800x600") if fits(
+            *map(int, s.split("x")))]  # fmt: skip
+    pixels = memory_kib * 1024 // 8
+    return (
+        f"It can do widths that are multiples of 8, each side {MIN_DISPLAY_PX}.."
+        f"{MAX_DISPLAY_PX} px, at most {pixels} pixels in all ({memory_kib // 1024} MiB of "
+        f"video memory, two 32-bit frames); nearest: {', '.join(near)}"
+    )
+
+
 def _has_us_key(char: str) -> bool:
     try:
         text_to_combos(char)
@@ -1399,4 +1551,6 @@ def _result_record(action: Action, result: Result) -> dict[str, Any]:
             out.update(x=x, y=y)
         case Done(detail=detail):
             out.update(dict(detail))
+        case GuestResult(record=record):
+            out.update(dict(record))
     return out

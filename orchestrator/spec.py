@@ -435,6 +435,9 @@ class SessionSpec:
             ``None``: never.
         autostart: what the guest starts instead of the xterm (one of
             :data:`AUTOSTARTS`); ``None``: the xterm. Decides the readiness criterion.
+        guest_control: whether the guest control plane (exec, files, clipboard, windows,
+            accessibility tree, resolution; :mod:`agent_bridge.protocol.guest`) may be used
+            on this session. Off by default; fixed at creation.
     """
 
     session_id: str
@@ -450,6 +453,7 @@ class SessionSpec:
     ttl_s: float | None = None
     idle_timeout_s: float | None = None
     autostart: Autostart | None = None
+    guest_control: bool = False
 
     def __post_init__(self) -> None:
         validate_session_id(self.session_id)

@@ -78,6 +78,7 @@ def spec_to_json(spec: SessionSpec) -> dict[str, Any]:
         "ttl_s": spec.ttl_s,
         "idle_timeout_s": spec.idle_timeout_s,
         "autostart": spec.autostart,
+        "guest_control": spec.guest_control,
     }
 
 
@@ -114,6 +115,7 @@ def spec_from_json(data: dict[str, Any]) -> SessionSpec:
             ttl_s=data.get("ttl_s"),
             idle_timeout_s=data.get("idle_timeout_s"),
             autostart=data.get("autostart"),
+            guest_control=bool(data.get("guest_control", False)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"not a session spec: {exc!r}") from exc

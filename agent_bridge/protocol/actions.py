@@ -12,6 +12,21 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, TypeAlias
 
+from agent_bridge.protocol.guest import (
+    GUEST_ACTION_NAMES,
+    A11yTree,
+    ClipboardGet,
+    ClipboardSet,
+    Exec,
+    GetFile,
+    GuestAction,
+    ListWindows,
+    PutFile,
+    SetResolution,
+    WindowActivate,
+    WindowClose,
+    guest_record,
+)
 from agent_bridge.protocol.keys import KeyCombo
 from orchestrator.errors import ActionError
 
@@ -36,6 +51,7 @@ __all__ = [
     "Zoom",
     "action_name",
     "action_to_dict",
+    "is_guest_action",
 ]
 
 MAX_WAIT_MS = 60_000
@@ -227,6 +243,7 @@ Action: TypeAlias = (
     | HoldKey
     | Wait
     | CursorPosition
+    | GuestAction
 )
 
 
@@ -245,6 +262,11 @@ _NAMES: dict[type, str] = {
     Wait: "wait",
     CursorPosition: "cursor_position",
 }
+_GUEST_TYPES = (
+    Exec, PutFile, GetFile, ClipboardGet, ClipboardSet, ListWindows, WindowActivate,
+    WindowClose, A11yTree, SetResolution,
+)  # fmt: skip
+_NAMES.update(GUEST_ACTION_NAMES)
 
 
 ACTION_KINDS: frozenset[str] = frozenset(_NAMES.values())
@@ -253,16 +275,24 @@ match, whatever vocabulary the agent speaks."""
 
 
 def action_name(action: Action) -> str:
-    """The deskvm name of an action's kind (``"click"``, ``"type"``...)."""
+    """The deskvm name of an action's kind (``"click"``, ``"type"``, ``"exec"``...)."""
     return _NAMES[type(action)]
+
+
+def is_guest_action(action: Action) -> bool:
+    """Whether ``action`` is a guest control action (:mod:`agent_bridge.protocol.guest`)."""
+    return isinstance(action, _GUEST_TYPES)
 
 
 def action_to_dict(action: Action) -> dict[str, Any]:
     """A JSON-ready description of ``action`` (for recordings and logs).
 
     ``{"action": name, ...fields}``; key combos as ``"ctrl+shift+t"`` strings (qcodes),
-    points as ``[x, y]`` lists, secret text replaced by its length.
+    points as ``[x, y]`` lists, secret text replaced by its length. Guest control actions
+    as :func:`~agent_bridge.protocol.guest.guest_record` (sizes and hashes, no contents).
     """
+    if isinstance(action, _GUEST_TYPES):
+        return guest_record(action)
     out: dict[str, Any] = {"action": action_name(action)}
     for f in fields(action):
         value = getattr(action, f.name)

@@ -33,6 +33,7 @@ from agent_bridge.protocol.actions import (
     Wait,
     Zoom,
 )
+from agent_bridge.protocol.guest import GUEST_ACTIONS, GUEST_PARAMETERS, parse_guest_action
 from agent_bridge.protocol.keys import parse_combo, parse_combos
 from orchestrator.errors import ActionError, DeskvmError, ProtocolError
 
@@ -294,6 +295,17 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Action]] = {
     "cursor_position": lambda b: CursorPosition(),
 }
 
+
+def _guest_parser(name: str) -> Callable[[Mapping[str, Any]], Action]:
+    def parse(body: Mapping[str, Any]) -> Action:
+        return parse_guest_action(name, body)
+
+    return parse
+
+
+for _guest in GUEST_ACTIONS:
+    _PARSERS[_guest] = _guest_parser(_guest)
+
 DESKVM_ACTIONS: tuple[str, ...] = tuple(sorted(_PARSERS))
 
 _POINTER = frozenset({"x", "y"})
@@ -315,6 +327,7 @@ _PARAMETERS: dict[str, frozenset[str]] = {
     "hold_key": frozenset({"keys", "duration_ms"}),
     "wait": frozenset({"ms"}),
     "cursor_position": frozenset(),
+    **GUEST_PARAMETERS,
 }
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-__all__ = ["CursorResult", "Done", "ImageResult", "Result", "to_deskvm_result"]
+__all__ = ["CursorResult", "Done", "GuestResult", "ImageResult", "Result", "to_deskvm_result"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,20 @@ class Done:
     detail: tuple[tuple[str, Any], ...] = ()
 
 
-Result: TypeAlias = ImageResult | CursorResult | Done
+@dataclass(frozen=True, slots=True)
+class GuestResult:
+    """What a guest control action returned (``exec``, ``get_file``, ``windows``...).
+
+    Attributes:
+        data: the reply's ``result`` object (JSON-ready; shapes in docs/protocol.md).
+        record: what the recording keeps of it: sizes and hashes, never contents.
+    """
+
+    data: Mapping[str, Any]
+    record: Mapping[str, Any]
+
+
+Result: TypeAlias = ImageResult | CursorResult | Done | GuestResult
 
 
 def to_deskvm_result(result: Result) -> dict[str, Any]:
@@ -75,3 +89,5 @@ def to_deskvm_result(result: Result) -> dict[str, Any]:
             return {"x": x, "y": y}
         case Done(detail=detail):
             return dict(detail)
+        case GuestResult(data=data):
+            return dict(data)

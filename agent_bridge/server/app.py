@@ -26,6 +26,7 @@ from agent_bridge.server.routers import (
     approvals,
     auth,
     control,
+    guest,
     health,
     network,
     pages,
@@ -112,7 +113,7 @@ def create_app(
     app.include_router(assets_router())
     app.include_router(pages.router)
     for module in (
-        health, auth, sessions, tokens, approvals, control, network, actions, stream,
+        health, auth, sessions, tokens, approvals, control, network, actions, stream, guest,
     ):  # fmt: skip
         app.include_router(module.router)
     return app

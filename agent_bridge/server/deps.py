@@ -3,9 +3,10 @@
 - :data:`Bridge` — the app's :class:`~agent_bridge.server.state.BridgeState`.
 - :data:`server_token` — ``dependencies=[server_token]`` on routes that need the server's
   admin token itself (create/list sessions, recordings).
-- :data:`ViewPrincipal`, :data:`ControlPrincipal`, :data:`AdminPrincipal` — routes under
-  ``/v1/sessions/{session_id}``: the admin token, or a session token *for that session* with
-  at least that scope (``Depends(SessionGuard(scope))`` when the principal itself is unused).
+- :data:`ViewPrincipal`, :data:`ControlPrincipal`, :data:`ExecPrincipal`,
+  :data:`AdminPrincipal` — routes under ``/v1/sessions/{session_id}``: the admin token, or a
+  session token *for that session* with at least that scope
+  (``Depends(SessionGuard(scope))`` when the principal itself is unused).
 - :data:`SessionDep` — the session named by the ``session_id`` path parameter (404
   ``session_not_found``). Declare it after the principal so credentials are checked first.
 - :data:`BaseUrl` — the server's base URL as the client reached it.
@@ -47,6 +48,7 @@ __all__ = [
     "BaseUrl",
     "Bridge",
     "ControlPrincipal",
+    "ExecPrincipal",
     "Principal",
     "SessionDep",
     "SessionGuard",
@@ -248,6 +250,7 @@ class SessionGuard:
 
 ViewPrincipal = Annotated[Principal, Depends(SessionGuard("view"))]
 ControlPrincipal = Annotated[Principal, Depends(SessionGuard("control"))]
+ExecPrincipal = Annotated[Principal, Depends(SessionGuard("exec"))]
 AdminPrincipal = Annotated[Principal, Depends(SessionGuard("admin"))]
 
 

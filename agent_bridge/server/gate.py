@@ -10,7 +10,7 @@ action, records the request and the decision, and waits.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from agent_bridge.protocol.actions import (
     Action,
@@ -19,17 +19,39 @@ from agent_bridge.protocol.actions import (
     Zoom,
     action_name,
     action_to_dict,
+    is_guest_action,
 )
 from agent_bridge.protocol.results import ImageResult
+from agent_bridge.tokens import Scope, TokenError, scope_allows
 from orchestrator.approval import ApprovalDenied, ApprovalDesk, ApprovalPolicy, ApprovalTimeout
 from orchestrator.errors import DeskvmError
 from orchestrator.session import Session
 from orchestrator.takeover import ControlDesk, TakeoverPolicy
 
-__all__ = ["OBSERVATIONS", "control_gate", "gate", "hold"]
+__all__ = ["OBSERVATIONS", "check_scope", "control_gate", "gate", "hold"]
 
 OBSERVATIONS = (Screenshot, Zoom, CursorPosition)
 """Actions that only look: they pass a take-over."""
+
+
+def check_scope(scope: Scope, actions: Sequence[Action]) -> None:
+    """Refuse actions the token's scope does not cover: input needs ``control``, guest
+    control actions (exec, files, ...) need ``exec``, which ``control`` does not imply.
+
+    Raises:
+        TokenError: code ``forbidden`` naming the scope needed.
+    """
+    guest = [action_name(a) for a in actions if is_guest_action(a)]
+    if guest and not scope_allows(scope, "exec"):
+        raise TokenError(
+            f"{guest[0]} is a guest control action: it needs a token of scope 'exec' "
+            f"(this one has {scope!r}; 'control' does not imply 'exec')",
+            code="forbidden",
+        )
+    if not scope_allows(scope, "control") and not all(isinstance(a, OBSERVATIONS) for a in actions):
+        raise TokenError(
+            "a view token may only observe (screenshot, zoom, cursor_position)", code="forbidden"
+        )
 
 
 def control_gate(

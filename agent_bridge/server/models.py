@@ -73,6 +73,15 @@ class ApprovalPolicyModel(_Strict):
     include_observations: bool = Field(
         False, description="supervised mode also holds screenshot/zoom/cursor_position"
     )
+    argv_patterns: list[str] = Field(
+        default_factory=list,
+        description="regular expressions on a guest exec's argv, shell-quoted and joined"
+        " (re.search)",
+    )
+    path_patterns: list[str] = Field(
+        default_factory=list,
+        description="regular expressions on the path of put_file / get_file (re.search)",
+    )
 
     def to_policy(self) -> ApprovalPolicy:
         """Raises: ConfigError: bad combo or pattern."""
@@ -83,6 +92,8 @@ class ApprovalPolicyModel(_Strict):
             text_patterns=tuple(self.text_patterns),
             timeout_s=self.timeout_s,
             include_observations=self.include_observations,
+            argv_patterns=tuple(self.argv_patterns),
+            path_patterns=tuple(self.path_patterns),
         )
 
     @classmethod
@@ -94,6 +105,8 @@ class ApprovalPolicyModel(_Strict):
             text_patterns=list(policy.text_patterns),
             timeout_s=policy.timeout_s,
             include_observations=policy.include_observations,
+            argv_patterns=list(policy.argv_patterns),
+            path_patterns=list(policy.path_patterns),
         )
 
 
@@ -144,7 +157,7 @@ class LimitsModel(BaseModel):
 class MintTokenRequest(_Strict):
     """Body of ``POST /v1/sessions/{id}/tokens``."""
 
-    scope: Literal["view", "control", "admin"] = Field(
+    scope: Literal["view", "control", "exec", "admin"] = Field(
         description="view: frames only; control: actions; admin: lifecycle and policy"
     )
     ttl_s: float | None = Field(None, gt=0, description="lifetime, seconds; default 900")
@@ -157,7 +170,7 @@ class TokenInfo(BaseModel):
     token: str | None = Field(None, description="the bearer credential; only when minted")
     token_id: str = Field(description="handle for revocation (safe to log)")
     session_id: str
-    scope: Literal["view", "control", "admin"]
+    scope: Literal["view", "control", "exec", "admin"]
     expires_at: datetime = Field(description="UTC")
     single_use: bool
 
@@ -270,6 +283,11 @@ class CreateSessionRequest(_Strict):
     takeover: TakeoverPolicyModel | None = Field(
         None, description="the agent's input while a person has taken over; null: refuse"
     )
+    guest_control: bool = Field(
+        False,
+        description="allow the guest control plane (exec, files, clipboard, windows,"
+        " accessibility tree, resolution; token scope 'exec'); off by default",
+    )
 
 
 class EgressInfo(BaseModel):
@@ -341,6 +359,7 @@ class SessionInfo(BaseModel):
     closed_reason: str | None
     limits: LimitsModel | None = None
     autostart: str | None = Field(None, description="what the guest started instead of the xterm")
+    guest_control: bool = Field(False, description="whether the guest control plane is on")
     egress: EgressInfo | None = Field(None, description="null: no network device at all")
     expires_at: datetime | None = Field(
         None, description="UTC, when ttl_s runs out (PATCH ttl_s to move it); null: never"
@@ -385,6 +404,7 @@ class SessionInfo(BaseModel):
             cursor=CursorModel(x=x, y=y),
             closed_reason=session.closed_reason,
             autostart=spec.autostart,
+            guest_control=spec.guest_control,
             limits=LimitsModel(
                 memory_hard_limit_mib=hard_limit_mib(spec),
                 cpu_quota_pct=spec.cpu_quota_pct,

@@ -42,7 +42,9 @@ from orchestrator.errors import GuestHelperError
 
 __all__ = [
     "ACK_TIMEOUT_S",
+    "GUEST_ERROR_CODES",
     "HELPER_PROTOCOL",
+    "MAX_ERROR_CHARS",
     "MAX_LINE_BYTES",
     "SEND_TIMEOUT_S",
     "GuestHelper",
@@ -50,8 +52,13 @@ __all__ = [
 ]
 
 HELPER_PROTOCOL = 1
-MAX_LINE_BYTES = 1 << 16
-"""Longest line accepted from the guest, bytes; longer lines are dropped whole."""
+MAX_LINE_BYTES = 12 << 20
+"""Longest line accepted from the guest, bytes; longer lines are dropped whole (the largest
+reply, a ``get_file`` of 8 MiB, is about 11 MiB of base64)."""
+MAX_ERROR_CHARS = 500
+"""The guest's own words in an error are cut to this many characters."""
+GUEST_ERROR_CODES = {"path_not_allowed": "path_not_allowed"}
+"""Refusal codes the guest may set that keep their code; any other is ``guest_refused``."""
 ACK_TIMEOUT_S = 5.0
 """How long the helper has to answer a request ``ready`` (or refuse it), seconds."""
 SEND_TIMEOUT_S = 5.0
@@ -229,8 +236,14 @@ class HelperChannel:
         if reply is None:
             raise GuestHelperError(self._closed_reason or "the guest helper channel closed")
         if reply.get("ok") is not True:
-            error = str(reply.get("error", "no reason given"))[:500]
+            error = str(reply.get("error", "no reason given"))[:MAX_ERROR_CHARS]
             note = "" if injected else " (nothing was injected)"
+            code = reply.get("code")
+            if isinstance(code, str):
+                raise GuestHelperError(
+                    f"the guest refused {op}: {error}",
+                    code=GUEST_ERROR_CODES.get(code, "guest_refused"),
+                )
             raise GuestHelperError(f"the guest helper could not {op}: {error}{note}")
         return reply
 
@@ -284,15 +297,18 @@ class HelperChannel:
         assert sock is not None
         while True:
             try:
-                chunk = sock.recv(65536)
+                chunk = sock.recv(1 << 18)
             except OSError:
                 chunk = b""
             if not chunk:
                 self._fail_all("the guest helper channel closed (the domain stopped?)")
                 return
+            # Only the new bytes can hold the next newline: no rescan of a long line.
+            scanned = len(buf)
             buf += chunk
             while True:
-                newline = buf.find(b"\n")
+                newline = buf.find(b"\n", scanned)
+                scanned = 0
                 if newline < 0:
                     if len(buf) > MAX_LINE_BYTES:
                         buf.clear()

@@ -71,7 +71,7 @@ def test_a_misspelt_websocket_parameter_is_refused(client: TestClient) -> None:
     ("kinds", "says"),
     [
         (["left_click"], "name 'click'"),  # Anthropic's name
-        (["clik"], "click, cursor_position, drag"),  # a typo: the valid values
+        (["clik"], "click, clipboard_get, clipboard_set, cursor_position"),  # a typo: valid values
         (["keypress"], "name 'key'"),  # OpenAI's name
         (["double_click"], "name 'click'"),  # deskvm vocabulary spelling of a click
     ],

@@ -36,7 +36,7 @@ from agent_bridge.protocol.replies import (
 from agent_bridge.protocol.results import CursorResult, ImageResult, Result, to_deskvm_result
 from agent_bridge.protocol.scaling import Scaler, scale_action
 from agent_bridge.server.deps import ADMIN, Bridge, Principal, unknown_query
-from agent_bridge.server.gate import OBSERVATIONS, control_gate, gate
+from agent_bridge.server.gate import OBSERVATIONS, check_scope, control_gate, gate
 from agent_bridge.server.ratelimit import RateLimits
 from agent_bridge.server.sockets import (
     CLOSE_GOING_AWAY,
@@ -52,7 +52,6 @@ from agent_bridge.server.sockets import (
 )
 from agent_bridge.server.state import BridgeState
 from agent_bridge.server.vocabulary import Vocabulary, load_vocabulary
-from agent_bridge.tokens import TokenError, scope_allows
 from orchestrator.errors import (
     ActionError,
     DeskvmError,
@@ -115,6 +114,8 @@ class _Connection:
         self.gate: Callable[[Session], Callable[[Action, str], None]] | None = None
         self.control: Callable[[Session, Action], None] | None = None
         self.scaler: Scaler | None = None
+        self._scale_query: tuple[str | None, str | None] = (None, None)
+        self._scaled_for: tuple[int, int] = (0, 0)
         self.binary = False
         self._strikes = 0
 
@@ -178,12 +179,8 @@ class _Connection:
                 )
             self.binary = images == "binary"
             session = self.manager.get(self.session_id)
-            self.scaler = _scaler_from_query(
-                query.get("scale_to"),
-                query.get("max_long_edge"),
-                session.spec.display.width_px,
-                session.spec.display.height_px,
-            )
+            self._scale_query = (query.get("scale_to"), query.get("max_long_edge"))
+            self._rescale(session)
         except ProtocolError as exc:
             await self._refuse(exc, CLOSE_POLICY_VIOLATION)
             return
@@ -273,21 +270,28 @@ class _Connection:
                 await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
                 return
 
+    def _rescale(self, session: Session) -> None:
+        """The connection's scaling for the session's display as it is now (a resolution
+        change while connected moves the mapping with it).
+
+        Raises:
+            ProtocolError: ``invalid_query`` (the connection's scaling parameters).
+        """
+        size = (session.spec.display.width_px, session.spec.display.height_px)
+        if size != self._scaled_for:
+            self.scaler = _scaler_from_query(*self._scale_query, *size)
+            self._scaled_for = size
+
     async def _handle(self, session: Session, vocabulary: Vocabulary, text: str) -> str | bytes:
         """One request in, one reply out (never raises for a bad request)."""
         client_id: ClientId = None
         try:
+            self._rescale(session)
             envelope = decode_envelope(text)
             client_id = envelope.id
             body, after = split_screenshot_after(envelope.body)
             actions = vocabulary.parse(body)
-            if not scope_allows(self.principal.scope, "control") and not all(
-                isinstance(a, _OBSERVATIONS) for a in actions
-            ):
-                raise TokenError(
-                    "a view token may only observe (screenshot, zoom, cursor_position)",
-                    code="forbidden",
-                )
+            check_scope(self.principal.scope, actions)
             if self.limits is not None:
                 try:
                     self.limits.check(session.id, actions)

@@ -41,7 +41,7 @@ class CookieInfo(BaseModel):
     """Who a sign-in cookie signs in."""
 
     session_id: str = Field(description='the session; "*" for the server cookie')
-    scope: Literal["view", "control", "admin"]
+    scope: Literal["view", "control", "exec", "admin"]
     who: str = Field(description="admin or token:<id> (what the recording names)")
     expires_at: datetime = Field(description="UTC; renew before (POST with the cookie)")
 

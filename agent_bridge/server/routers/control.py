@@ -31,6 +31,7 @@ from agent_bridge.server.deps import (
     unknown_query,
 )
 from agent_bridge.server.errors import ERROR_RESPONSES
+from agent_bridge.server.gate import check_scope
 from agent_bridge.server.models import ControlInfo, TakeoverPolicyModel
 from agent_bridge.server.sockets import (
     CLOSE_GOING_AWAY,
@@ -205,6 +206,7 @@ async def _human_action(
             "take the session over first ({\"op\": \"take_over\"})", code="not_in_control"
         )
     actions = vocabulary.parse(body)
+    check_scope(principal.scope, actions)
     bridge.limits.check(session.id, actions)
 
     def run() -> dict[str, Any]:

@@ -89,6 +89,7 @@ async def create_session(
             idle_timeout_s=body.idle_timeout_s or settings.idle_timeout_s,
             autostart=body.autostart,
             egress=egress_policy,
+            guest_control=body.guest_control,
         )
 
     session = await _run_unless_disconnected(request, create, started, bridge)
