@@ -225,10 +225,11 @@ class FakeTaskSession:
     """An in-memory guest for tests of setup steps, getters and the harness.
 
     ``files`` maps absolute guest paths to bytes; ``windows_list`` holds window dicts;
-    ``exec_handler(argv, stdin)`` scripts commands (default: ``printenv HOME`` answers
-    ``home``, anything else exits 0 silently); every control call is appended to ``calls``
-    and every action to ``actions`` as ``(schema, body)``. ``on_action`` lets a test make
-    an action change the guest (e.g. typing a command writes a file).
+    ``exec_handler(argv, stdin)`` scripts commands (``pwd`` answers ``home``, as exec runs
+    there; without a handler anything else exits 0 silently); every control call is
+    appended to ``calls`` and every action to ``actions`` as ``(schema, body)``.
+    ``on_action`` lets a test make an action change the guest (e.g. typing a command
+    writes a file).
     """
 
     id: str = "fake0001"
@@ -262,7 +263,7 @@ class FakeTaskSession:
         env: Mapping[str, str] | None = None,
     ) -> FakeExec:
         self.calls.append(("exec", list(argv)))
-        if list(argv) == ["printenv", "HOME"]:
+        if list(argv) == ["pwd"]:  # exec runs in the home directory
             return FakeExec(0, self.home + "\n")
         if self.exec_handler is not None:
             return self.exec_handler(list(argv), stdin)

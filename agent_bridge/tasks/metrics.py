@@ -23,7 +23,7 @@ from typing import Any
 from agent_bridge.tasks.model import METRIC_OPTIONS
 from orchestrator.errors import DeskvmError
 
-__all__ = ["METRICS", "Metric", "MetricError"]
+__all__ = ["A11Y_NAMESPACES", "METRICS", "Metric", "MetricError", "a11y_xml"]
 
 Metric = Callable[..., float]
 
@@ -285,6 +285,87 @@ def check_direct_json_object(result: Any, rules: Any) -> float:
     return float(all(k in result and result[k] == v for k, v in expected.items()))
 
 
+A11Y_NAMESPACES: Mapping[str, str] = {
+    "st": "https://accessibility.ubuntu.example.org/ns/state",
+    "cp": "https://accessibility.ubuntu.example.org/ns/component",
+}
+"""OSWorld's namespaces (Ubuntu) for states and geometry in the tree's XML form."""
+
+_XML_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def a11y_xml(tree: Any) -> Any:
+    """The tree as OSWorld's XML form (an :class:`xml.etree.ElementTree.Element`).
+
+    A node ``{role, name, states, x, y, width, height, children}`` becomes an element named
+    after its role (spaces as ``-``: ``push-button``), with attribute ``name``, one
+    ``st:<state>="true"`` per state, ``cp:screencoord="(x, y)"`` and ``cp:size="(w, h)"``;
+    its text is its name.
+    """
+    from xml.etree import ElementTree as ET
+
+    st, cp = A11Y_NAMESPACES["st"], A11Y_NAMESPACES["cp"]
+
+    def build(node: Any) -> ET.Element:
+        if not isinstance(node, Mapping):
+            raise MetricError("check_accessibility_tree: a tree node is not an object")
+        tag = _XML_NAME.sub("-", str(node.get("role") or "unknown").replace(" ", "-"))
+        el = ET.Element(tag if tag[:1].isalpha() else f"n-{tag}")
+        name = str(node.get("name") or "")
+        el.set("name", name)
+        el.text = name or None
+        for state in node.get("states") or []:
+            el.set(f"{{{st}}}{_XML_NAME.sub('-', str(state))}", "true")
+        if node.get("x") is not None and node.get("y") is not None:
+            el.set(f"{{{cp}}}screencoord", f"({node.get('x')}, {node.get('y')})")
+        if node.get("width") is not None and node.get("height") is not None:
+            el.set(f"{{{cp}}}size", f"({node.get('width')}, {node.get('height')})")
+        for child in node.get("children") or []:
+            el.append(build(child))
+        return el
+
+    return build(tree)
+
+
+def check_accessibility_tree(result: Any, rules: Any) -> float:
+    """OSWorld's ``check_accessibility_tree`` with ``xpath`` rules: the product over the
+    rules of 0 (no element found), 1 (found, no ``text``) or the best text match (1/0 with
+    ``exact``, else the :class:`difflib.SequenceMatcher` ratio). ``result`` is the
+    ``accessibility_tree`` getter's JSON text (or the tree); XPath is ElementTree's subset
+    (``//push-button[@name='OK']``, ``[@st:focused='true']``), CSS ``selectors`` are not
+    supported."""
+    import difflib
+    from xml.etree import ElementTree as ET
+
+    if result is None:
+        return 0.0
+    tree = json.loads(result) if isinstance(result, str) else result
+    if isinstance(tree, Mapping) and "tree" in tree:
+        tree = tree["tree"]
+    root = ET.Element("root")
+    root.append(a11y_xml(tree))
+    score = 1.0
+    for rule in rules if isinstance(rules, list) else []:
+        path = str(rule["xpath"])
+        path = "." + path if path.startswith("//") else path
+        try:
+            found = root.findall(path, dict(A11Y_NAMESPACES))
+        except (SyntaxError, KeyError, TypeError) as exc:  # ElementPath's ways to say "bad"
+            raise MetricError(f"check_accessibility_tree: xpath {rule['xpath']!r}: {exc}") from exc
+        if not found:
+            return 0.0
+        text = rule.get("text")
+        if text is not None:
+            if rule.get("exact", True):
+                best = float(any((el.text or "") == text for el in found))
+            else:
+                best = max(
+                    difflib.SequenceMatcher(None, el.text or "", text).ratio() for el in found
+                )
+            score *= best
+    return score
+
+
 def infeasible(*_: Any) -> float:
     """Placeholder: the environment scores ``infeasible`` by the agent's last action."""
     return 0.0
@@ -301,6 +382,7 @@ METRICS: Mapping[str, Metric] = {
     "compare_table": compare_table,
     "check_json": check_json,
     "check_direct_json_object": check_direct_json_object,
+    "check_accessibility_tree": check_accessibility_tree,
     "infeasible": infeasible,
 }
 """Every metric by its ``func`` name (the same names as :data:`METRIC_OPTIONS`)."""

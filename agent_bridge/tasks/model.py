@@ -37,7 +37,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from orchestrator.errors import ConfigError, DeskvmError
 
@@ -45,6 +53,7 @@ __all__ = [
     "GETTER_PARAMS",
     "METRIC_NEEDS_EXPECTED",
     "METRIC_OPTIONS",
+    "METRIC_RULES",
     "SETUP_PARAMS",
     "EvaluatorConfig",
     "GetterConfig",
@@ -319,6 +328,64 @@ class NoOptions(_Params):
     """Takes no options."""
 
 
+# The rule objects metrics take from a ``rule`` getter, checked before the task starts.
+
+
+class _Rules(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExpectedRule(_Rules):
+    """``{"expected": value}`` (``exact_match``, ``match_in_list``, ``is_in_list``,
+    ``check_direct_json_object``)."""
+
+    expected: Any
+
+
+class IncludeExcludeRule(_Rules):
+    """``check_include_exclude``: what must and must not be in the result."""
+
+    include: list[Any] = Field(default_factory=list)
+    exclude: list[Any] = Field(default_factory=list)
+
+
+class JsonRule(_Rules):
+    """One ``check_json`` rule: the value at ``key`` (a path) compared to ``ref``."""
+
+    key: list[str | int] = Field(min_length=1)
+    method: Literal["eq", "ne", "lt", "le", "gt", "ge", "re"] = "eq"
+    ref: Any = None
+
+
+class JsonRules(_Rules):
+    """``check_json``: every ``expect`` rule holds and no ``unexpect`` rule does."""
+
+    expect: list[JsonRule] = Field(default_factory=list)
+    unexpect: list[JsonRule] = Field(default_factory=list)
+
+
+class A11yRule(_Rules):
+    """One ``check_accessibility_tree`` rule: elements found by ``xpath`` (ElementTree's
+    XPath subset over OSWorld's XML form of the tree); with ``text``, the best element text
+    must equal it (``exact``) or score its similarity."""
+
+    xpath: str = Field(min_length=1)
+    text: str | None = None
+    exact: bool = True
+
+
+METRIC_RULES: Mapping[str, Any] = {
+    "exact_match": ExpectedRule,
+    "match_in_list": ExpectedRule,
+    "is_in_list": ExpectedRule,
+    "check_direct_json_object": ExpectedRule,
+    "check_include_exclude": IncludeExcludeRule,
+    "check_json": JsonRules,
+    "check_accessibility_tree": list[A11yRule],
+}
+"""The shape of the ``rules`` a metric takes when its expected getter is ``rule``."""
+
+
 METRIC_OPTIONS: Mapping[str, type[_Params]] = {
     "exact_match": NoOptions,
     "match_in_list": NoOptions,
@@ -330,6 +397,7 @@ METRIC_OPTIONS: Mapping[str, type[_Params]] = {
     "compare_table": TableOptions,
     "check_json": JsonFileOptions,
     "check_direct_json_object": NoOptions,
+    "check_accessibility_tree": NoOptions,
     "infeasible": NoOptions,
 }
 """Every metric (``func``) deskvm evaluates, with its options (OSWorld's names)."""
@@ -451,6 +519,12 @@ class EvaluatorConfig(BaseModel):
             if name in METRIC_NEEDS_EXPECTED and expecteds[i] is None:
                 raise ValueError(f"{where} needs an expected getter")
             parsed.append(_nested(METRIC_OPTIONS[name], options[i] or {}, f"{where} options"))
+            exp = expecteds[i]
+            if name in METRIC_RULES and exp is not None and exp.type == "rule":
+                try:
+                    TypeAdapter(METRIC_RULES[name]).validate_python(exp.params.rules)
+                except ValidationError as exc:
+                    raise ValueError(f"{where} rules: {_describe(exc)}") from None
         self._options = parsed
         return self
 

@@ -107,9 +107,9 @@ class TaskOps:
     # --- helpers ------------------------------------------------------------------------
 
     def home(self) -> str:
-        """The desktop user's home directory in the guest (asked once)."""
+        """The desktop user's home directory in the guest (asked once: ``exec`` runs in it)."""
         if self._home is None:
-            out = self._exec(["printenv", "HOME"], "home directory", timeout_s=15)
+            out = self._exec(["pwd"], "home directory", timeout_s=15)
             home = out.stdout.strip()
             if out.exit_code != 0 or not home.startswith("/"):
                 raise TaskSetupError(f"cannot learn the guest user's home: {out.stderr.strip()}")

@@ -31,7 +31,7 @@ def test_an_unsupported_evaluator_stops_the_run_before_any_session(tmp_path: Pat
     assert result.exit_code == 1
     text = " ".join(result.output.split())  # rich wraps long lines
     assert "error (invalid_task): pptx: evaluator: unsupported evaluator func" in text
-    assert "'compare_pptx_files'; supported: check_direct_json_object" in text
+    assert "'compare_pptx_files'; supported: check_accessibility_tree" in text
     assert not state.exists() and not (tmp_path / "o").exists()  # nothing was started
 
 

@@ -75,7 +75,7 @@ def test_setup_steps_reach_the_guest_as_the_control_plane_calls(tmp_path: Path) 
     assert obs["instruction"] == "x" and obs["screenshot"].startswith(b"\x89PNG")
     assert obs["accessibility_tree"] is None and obs["terminal"] is None
     execs = [c[1] for c in fake.calls if c[0] == "exec"]
-    assert execs[0] == ["printenv", "HOME"]
+    assert execs[0] == ["pwd"]
     assert execs[1] == ["rm", "-f", f"{HOME}/a.txt"]
     assert execs[2] == ["sh", "-c", "echo $HOME"]
     assert execs[3][:2] == ["sh", "-c"] and "setsid -f" in execs[3][2]
@@ -127,7 +127,7 @@ def test_download_needs_an_egress_policy_allowing_it_before_anything_runs(tmp_pa
     env = make_env(fake, tmp_path)
     with pytest.raises(TaskConfigError, match="the session has no network"):
         env.reset(hello_task(config=[step]))
-    assert [c for c in fake.calls if c[0] == "exec" and c[1][0] != "printenv"] == []
+    assert [c for c in fake.calls if c[0] == "exec" and c[1][0] != "pwd"] == []
     fake.allow = ["example.com"]
     with pytest.raises(TaskConfigError, match="not allowed by the session's egress policy"):
         env.reset(hello_task(config=[step]))

@@ -129,3 +129,30 @@ def test_check_direct_json_object() -> None:
     assert m["check_direct_json_object"]('{"a": 1, "b": 2}\n', rules) == 1.0
     assert m["check_direct_json_object"]({"a": 2}, rules) == 0.0
     assert m["check_direct_json_object"]("not json", rules) == 0.0
+
+
+TREE = {
+    "role": "desktop frame", "name": "main", "states": [], "x": 0, "y": 0,
+    "width": 800, "height": 600,
+    "children": [{
+        "role": "frame", "name": "Calculator", "states": ["active", "focused"],
+        "x": 10, "y": 10, "width": 200, "height": 100,
+        "children": [{"role": "push button", "name": "OK", "states": ["focusable"],
+                      "x": 20, "y": 20, "width": 50, "height": 20, "children": []}],
+    }],
+}  # fmt: skip
+
+
+def test_check_accessibility_tree_uses_osworlds_xml_form() -> None:
+    check = m["check_accessibility_tree"]
+    text = json.dumps(TREE)
+    assert check(text, [{"xpath": "//push-button[@name='OK']"}]) == 1.0
+    assert check(text, [{"xpath": "//push-button[@name='Cancel']"}]) == 0.0
+    focused = [{"xpath": "//frame[@st:focused='true']", "text": "Calculator", "exact": True}]
+    assert check(text, focused) == 1.0
+    assert check(json.dumps({"tree": TREE, "truncated": False}), focused) == 1.0
+    assert check(text, [{"xpath": "//frame", "text": "Calculater", "exact": True}]) == 0.0
+    assert check(text, [{"xpath": "//frame", "text": "Calculater", "exact": False}]) == 0.9
+    assert check(None, focused) == 0.0
+    with pytest.raises(MetricError, match="xpath"):
+        check(text, [{"xpath": "//frame[@name="}])

@@ -141,3 +141,19 @@ def test_collect_tasks_reports_every_bad_file_and_duplicate_ids(tmp_path: Path) 
     (tmp_path / "empty").mkdir()
     with pytest.raises(TaskConfigError, match="no task files"):
         collect_tasks([tmp_path / "empty"])
+
+
+def test_rule_objects_are_checked_before_the_task_starts() -> None:
+    rules = {"expect": [{"key": ["a"], "method": "~="}]}
+    ev = {"func": "check_json", "result": {"type": "vm_file", "path": "~/c.json", "dest": "c"},
+          "expected": {"type": "rule", "rules": rules}}  # fmt: skip
+    msg = refused(task(evaluator=ev))
+    assert "func 'check_json' rules: expect[0].method" in msg
+    ev = {"func": "check_include_exclude", "result": {"type": "clipboard"},
+          "expected": {"type": "rule", "rules": {"include": "x", "excludes": ["y"]}}}  # fmt: skip
+    msg = refused(task(evaluator=ev))
+    assert "include: Input should be a valid list" in msg and "excludes: unknown parameter" in msg
+    ev = {"func": "check_accessibility_tree", "result": {"type": "accessibility_tree"},
+          "expected": {"type": "rule", "rules": [{"selectors": ["frame"]}]}}  # fmt: skip
+    msg = refused(task(evaluator=ev))
+    assert "[0].xpath: missing" in msg and "[0].selectors: unknown parameter" in msg
