@@ -54,6 +54,7 @@ from orchestrator.egress.base import (
     EgressAttachment,
     NetworkDecision,
     merge_retries,
+    summarise_link_chatter,
 )
 from orchestrator.errors import (
     ActionError,
@@ -533,6 +534,12 @@ class Session:
         Decisions come from two logs (packet log, resolver log) drained in batches, so the
         recording's order can differ from their timestamps' by a little; this list is sorted.
 
+        The guest's IPv6 link-scope multicast chatter (router and neighbour solicitations,
+        MLD reports; all dropped at the bridge) is summarised: one entry per kind of
+        packet with its ``attempts`` and first/last time
+        (:func:`~orchestrator.egress.base.summarise_link_chatter`); the recording keeps
+        each of its decisions.
+
         Live sessions are drained first. Empty for sessions without an egress policy.
 
         Raises:
@@ -541,7 +548,7 @@ class Session:
         if self._state in ("starting", "ready"):
             self.drain_network()
         with self._drain_lock:
-            return sorted([*self._decisions, *self._open_decisions], key=lambda d: d.ts_ns)
+            return summarise_link_chatter([*self._decisions, *self._open_decisions])
 
     def _wait_ready(self, t0_ns: int) -> None:
         assert self._domain is not None

@@ -29,7 +29,9 @@ __all__ = [
     "NetworkDecision",
     "bridge_name",
     "guest_port_name",
+    "is_link_chatter",
     "merge_retries",
+    "summarise_link_chatter",
 ]
 
 GUEST_PORT_PREFIX = "dvg"
@@ -276,6 +278,67 @@ def merge_retries(
                 continue
         open_by_key[key] = len(out)
         out.append(dataclasses.replace(decision, last_ts_ns=decision.last_ts_ns or decision.ts_ns))
+    return out
+
+
+LINK_SCOPE_MULTICAST_V6 = ipaddress.IPv6Network("ff02::/16")
+"""IPv6 link-scope multicast (RFC 4291 scope 2): never routed past the guest's link."""
+
+
+def is_link_chatter(decision: NetworkDecision) -> bool:
+    """Whether ``decision`` is a dropped packet to an IPv6 link-scope multicast group.
+
+    A guest's IPv6 stack sends these on its own whenever its NIC is up: router
+    solicitations (``ff02::2``), duplicate address detection (neighbour solicitations to
+    ``ff02::1:ffXX:XXXX`` from ``::``), MLD reports (``ff02::16``), and mDNS/LLMNR
+    (``ff02::fb``, ``ff02::1:3``) where enabled. They can never leave the link; the
+    bridge drops every one (IPv6 is dropped unless the policy names an IPv6 network, and
+    multicast always).
+    """
+    if decision.kind != "conn_dropped" or decision.dst is None:
+        return False
+    try:
+        address = ipaddress.ip_address(decision.dst)
+    except ValueError:
+        return False
+    return address.version == 6 and address in LINK_SCOPE_MULTICAST_V6
+
+
+def summarise_link_chatter(decisions: list[NetworkDecision]) -> list[NetworkDecision]:
+    """The decisions with IPv6 link-scope multicast chatter summarised.
+
+    Each dropped chatter packet kind (same kind, reason, protocol, source, group and port;
+    :func:`is_link_chatter`) becomes one decision over the whole list: ``ts_ns`` is its
+    first attempt, ``last_ts_ns`` its last, ``attempts`` the sum (nothing is lost, only
+    folded: a guest re-soliciting a router every few minutes no longer adds an entry
+    each time). Every other decision is kept as it is.
+
+    Args:
+        decisions: as :func:`merge_retries` gives them (any order).
+
+    Returns:
+        The summarised decisions, ordered by their first attempt.
+    """
+    out: list[NetworkDecision] = []
+    by_key: dict[tuple[object, ...], int] = {}
+    for decision in sorted(decisions, key=lambda d: d.ts_ns):
+        if not is_link_chatter(decision):
+            out.append(decision)
+            continue
+        key = decision.retry_key
+        index = by_key.get(key)
+        if index is None:
+            by_key[key] = len(out)
+            out.append(decision)
+            continue
+        first = out[index]
+        last_ns = max(
+            first.last_ts_ns if first.last_ts_ns is not None else first.ts_ns,
+            decision.last_ts_ns if decision.last_ts_ns is not None else decision.ts_ns,
+        )
+        out[index] = dataclasses.replace(
+            first, attempts=first.attempts + decision.attempts, last_ts_ns=last_ns
+        )
     return out
 
 

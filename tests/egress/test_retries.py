@@ -107,3 +107,63 @@ def test_a_session_records_a_repeated_question_once() -> None:
         assert egress.resolve(SESSION, "deny.test") == ()  # asked again later: a new one
     events = [e.data for e in recorder.events if e.kind == "network" and "kind" in e.data]
     assert [(e["query"], e["attempts"]) for e in events] == [("deny.test", 2), ("deny.test", 1)]
+
+
+def _chatter(ts_s: float, dst: str, src: str = "fe80::5054:ff:fefa:e8df") -> NetworkDecision:
+    return NetworkDecision(
+        ts_ns=int(ts_s * 1e9), kind="conn_dropped", session_id=SID, reason="ipv6",
+        protocol="ipv6/icmpv6", src=src, dst=dst,
+    )  # fmt: skip
+
+
+def test_ipv6_link_multicast_chatter_is_summarised() -> None:
+    """The guest's IPv6 stack re-solicits a router (ff02::2) with growing pauses and sends
+    MLD reports (ff02::16) and DAD (ff02::1:ff..) from ``::``: each was a new /network
+    entry (a real session: 8 of its 22). Summarised: one per kind of packet, every
+    attempt counted."""
+    from orchestrator.egress.base import is_link_chatter, summarise_link_chatter
+
+    decisions = [
+        _chatter(1.0, "ff02::16", src="::"), _chatter(1.5, "ff02::1:fffa:e8df", src="::"),
+        _chatter(2.0, "ff02::2"), _chatter(6.0, "ff02::2"), _chatter(14.0, "ff02::2"),
+        _chatter(30.0, "ff02::16", src="::"), _chatter(300.0, "ff02::2"),
+        _drop(5), _drop(40),  # not chatter: stays two decisions
+    ]  # fmt: skip
+    merged = merge_retries(decisions)
+    assert len(merged) == 9  # the retry window (2 s) folds nothing here
+    summary = summarise_link_chatter(merged)
+    assert [(d.dst, d.src, d.attempts, d.ts_ns // 10**9, (d.last_ts_ns or 0) // 10**9)
+            for d in summary] == [
+        ("ff02::16", "::", 2, 1, 30),
+        ("ff02::1:fffa:e8df", "::", 1, 1, 1),
+        ("ff02::2", "fe80::5054:ff:fefa:e8df", 4, 2, 300),
+        ("198.51.100.8", "10.213.0.2", 1, 5, 5),
+        ("198.51.100.8", "10.213.0.2", 1, 40, 40),
+    ]  # fmt: skip
+    assert sum(d.attempts for d in summary if is_link_chatter(d)) == 7  # every packet
+    # Allowed traffic, unicast IPv6 and site-scope multicast are not chatter.
+    assert not is_link_chatter(_chatter(1, "2001:db8::1"))
+    assert not is_link_chatter(_chatter(1, "ff05::2"))
+    assert summarise_link_chatter(summary) == summary
+
+
+def test_a_session_shows_chatter_once_and_records_every_decision() -> None:
+    from orchestrator.egress.fake import FakeEgress
+    from tests.test_session_egress import POLICY, ZONE, make
+    from tests.test_session_egress import SID as SESSION
+
+    clock = FakeClock()
+    egress = FakeEgress(ZONE, clock_ns=clock.monotonic_ns)
+    session, _hv, recorder = make(egress, policy=POLICY, clock=clock)
+    with session:
+        for _ in range(3):  # router solicitations, 4 s apart (past the retry window)
+            assert not egress.connect(SESSION, "ff02::2", None, protocol="icmpv6")
+            clock.advance(4.0)
+        assert not egress.connect(SESSION, "198.51.100.8", 80)
+        clock.advance(4.0)
+        shown = session.network_decisions()
+        assert [(d.dst, d.attempts) for d in shown] == [("ff02::2", 3), ("198.51.100.8", 1)]
+    recorded = [e.data for e in recorder.events if e.kind == "network" and "kind" in e.data]
+    assert [(e["dst"], e["attempts"]) for e in recorded] == [
+        ("ff02::2", 1), ("ff02::2", 1), ("ff02::2", 1), ("198.51.100.8", 1),
+    ]  # fmt: skip
