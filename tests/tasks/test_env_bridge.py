@@ -104,3 +104,34 @@ def test_a_fresh_session_per_task_by_default(client: Client, tmp_path: Path) -> 
     assert a.passed and b.passed and a.session_id != b.session_id
     assert a.recording != b.recording
     assert {client.get_session(o.session_id or "").state for o in (a, b)} <= {"closed", "closing"}
+
+
+def test_deskvm_task_run_against_a_running_bridge(client: Client, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agent_bridge.cli import app
+
+    ok = {"id": "empty-clipboard", "instruction": "x", "config": [],
+          "evaluator": {"func": "exact_match", "result": {"type": "clipboard"},
+                        "expected": {"type": "rule", "rules": {"expected": ""}}}}  # fmt: skip
+    bad = {**ok, "id": "wants-text",
+           "evaluator": {**ok["evaluator"],
+                         "expected": {"type": "rule", "rules": {"expected": "text"}}}}  # fmt: skip
+    (tmp_path / "tasks").mkdir()
+    for t in (ok, bad):
+        (tmp_path / "tasks" / f"{t['id']}.json").write_text(json.dumps(t))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [
+        "task", "run", str(tmp_path / "tasks"), "--url", client.url, "--token", TOKEN,
+        "--reuse-session", "--out", str(out), "--state-dir", str(tmp_path / "state"),
+    ])  # fmt: skip
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, text  # one task failed
+    assert "1/2 passed, 1 failed, 0 errors" in text
+    assert "empty-clipboard" in text and "PASS" in text and "FAIL" in text
+    results = json.loads((out / "results.json").read_text())
+    assert results["agent"] == "DoneAgent"
+    rows = {r["id"]: r for r in results["tasks"]}
+    assert rows["empty-clipboard"]["passed"] and not rows["wants-text"]["passed"]
+    assert rows["wants-text"]["recording"] == rows["empty-clipboard"]["recording"] is not None
+    assert (out / "summary.txt").read_text().startswith("agent: DoneAgent")
