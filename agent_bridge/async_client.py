@@ -253,6 +253,16 @@ class AsyncClient:
         path = f"/v1/sessions/{session_id}/guest-log"
         return (await self._request("GET", path, params={"offset": offset})).text
 
+    async def reset_session(self, session_id: str) -> SessionInfo:
+        """Return a session to its start state (see :meth:`Client.reset_session`).
+
+        Raises:
+            RemoteError: ``reset_unavailable`` (409), ``session_closed`` (409),
+                ``hypervisor_error`` (502).
+        """
+        response = await self._request("POST", f"/v1/sessions/{session_id}/reset")
+        return SessionInfo.from_json(response.json())
+
     async def network(self, session_id: str) -> list[dict[str, Any]]:
         """The session's egress decisions so far (see :meth:`Client.network`)."""
         response = await self._request("GET", f"/v1/sessions/{session_id}/network")
@@ -659,6 +669,10 @@ class AsyncSession(AsyncVisualChecks):
     async def guest_log(self) -> str:
         """What the guest wrote to ``/dev/ttyS1`` so far."""
         return await self.client.guest_log(self.id)
+
+    async def reset(self) -> SessionInfo:
+        """Return the desktop to its start state (see :meth:`Client.reset_session`)."""
+        return await self.client.reset_session(self.id)
 
     async def info(self) -> SessionInfo:
         """The session's current description (state, recording, cursor...)."""

@@ -727,6 +727,15 @@ def serve(
             "(default 7 days). Env: DESKVM_SESSION_MAX_TTL_S.",
         ),
     ] = None,
+    warm_pool: Annotated[
+        str | None,
+        typer.Option(
+            help="IMAGE:N[,IMAGE:N]: keep N desktops of IMAGE (1280x800, 2048 MiB, 2 vCPUs, "
+            "no network) restored from a saved state and ready; a matching POST "
+            "/v1/sessions takes one over in about a second (\"start\": \"warm\"). Their "
+            "memory counts in --max-total-memory-mib. Env: DESKVM_WARM_POOL.",
+        ),
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Run the bridge server: REST to create sessions, a WebSocket per session for actions.
@@ -760,6 +769,7 @@ def serve(
         adopt_grace_s=adopt_grace_s,
         session_max_ttl_s=max_ttl_s,
         server_name=name,
+        warm_pool=warm_pool,
     )
     if ray_address is not None:
         _serve_ray(
@@ -789,6 +799,9 @@ def serve(
         f"(acceleration: {manager.hypervisor.accel}, server name {manager.owner!r}, "
         f"on exit: {settings.on_exit} sessions)"
     )
+    if manager.pool is not None:
+        targets = ", ".join(f"{t['image']}:{t['size']}" for t in manager.pool.status())
+        console.print(f"warm pool: {targets} (filling in the background; GET /healthz)")
     if settings.egress_upstream_iface:
         console.print(
             f"egress: upstream {settings.egress_upstream_iface}, DNS "

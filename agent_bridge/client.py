@@ -764,6 +764,21 @@ class Client:
         path = f"/v1/sessions/{session_id}/guest-log"
         return self._request("GET", path, params={"offset": offset}).text
 
+    def reset_session(self, session_id: str) -> SessionInfo:
+        """Return a session to its start state (``POST /v1/sessions/{id}/reset``).
+
+        Returns:
+            Its description; ``info["resets"]`` counts resets, ``info["last_reset_s"]``
+            is how long this one took, seconds.
+
+        Raises:
+            RemoteError: ``reset_unavailable`` (409: it booted cold, no saved start
+                state), ``session_closed`` (409), ``hypervisor_error`` (502: the restore
+                failed and the session was ended).
+        """
+        response = self._request("POST", f"/v1/sessions/{session_id}/reset")
+        return SessionInfo.from_json(response.json())
+
     def network(self, session_id: str) -> list[dict[str, Any]]:
         """The session's egress decisions so far (``GET /v1/sessions/{id}/network``).
 
@@ -1388,6 +1403,11 @@ class Session(VisualChecks):
     def guest_log(self) -> str:
         """What the guest wrote to ``/dev/ttyS1`` so far."""
         return self.client.guest_log(self.id)
+
+    def reset(self) -> SessionInfo:
+        """Return the desktop to its start state in about a second (see
+        :meth:`Client.reset_session`); the WebSocket and the recording carry on."""
+        return self.client.reset_session(self.id)
 
     def info(self) -> SessionInfo:
         """The session's current description (state, recording, cursor...)."""

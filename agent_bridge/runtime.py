@@ -197,6 +197,9 @@ def build_manager(
 
     resolve = resolve_image if resolve_image is not None else find_verified
 
+    from orchestrator.pool import parse_warm_pool
+
+    warm_pool = parse_warm_pool(settings.warm_pool) if new_id is None else ()
     accel = resolve_accel(settings)
     instance = Instance(settings.instances_dir, server_name or settings.server_name)
     try:
@@ -219,6 +222,8 @@ def build_manager(
         store=FileSessionStore(settings.session_state_dir),
         instance=instance,
         adopt_grace_s=settings.adopt_grace_s,
+        warm_pool=warm_pool,
+        pool_dir=settings.pool_dir / instance.name,
     )
 
 

@@ -207,6 +207,12 @@ class FrameCapture:
             self._latest, self._latest_pixels = None, None
             self._viewers.clear()
 
+    def replace_display(self, display: DisplayBackend) -> None:
+        """Grab from ``display`` from now on (a session reset restored a new domain);
+        viewers stay subscribed."""
+        with self._grab_lock:
+            self._display = display
+
     # --- viewers ------------------------------------------------------------------------
 
     @property

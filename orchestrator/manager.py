@@ -35,6 +35,7 @@ from orchestrator.errors import (
     CapacityError,
     ConfigError,
     DeskvmError,
+    HypervisorError,
     SessionClosed,
     SessionNotFound,
 )
@@ -42,6 +43,7 @@ from orchestrator.hypervisor.base import Hypervisor
 from orchestrator.hypervisor.domain_xml import hard_limit_mib as _hard_mib
 from orchestrator.input_plan import Pacing
 from orchestrator.instance import Instance, boot_id
+from orchestrator.pool import DEFAULT_CPU_WEIGHT, PoolKey, PoolTarget, WarmDesktop, WarmPool
 from orchestrator.recorder import FileRecorder, seal, writer_alive
 from orchestrator.session import CLOSED_DOMAIN_STOPPED, CLOSED_IDLE, CLOSED_TTL, Session
 from orchestrator.spec import (
@@ -120,6 +122,14 @@ class SessionManager:
             the liveness of other servers decides what the reaper may touch).
         adopt_grace_s: how long sessions of a gone named server are left running for it
             to come back (:data:`ADOPT_GRACE_S`).
+        warm_pool: desktops to keep restored and ready (:mod:`orchestrator.pool`); a
+            matching :meth:`create` takes one over instead of booting. Their memory counts
+            in ``max_total_memory_mib``. Only with the default ``new_id`` (a cluster node's
+            ids are placed by its bridge) and a ``pool_dir``.
+        pool_dir: where the warm pool keeps its saved states.
+
+    The warm pool starts refilling at :meth:`start_pool` (the server calls it after
+    :meth:`adopt`) and is removed by :meth:`close_pool`.
     """
 
     def __init__(
@@ -140,6 +150,8 @@ class SessionManager:
         store: SessionStore | None = None,
         instance: Instance | None = None,
         adopt_grace_s: float = ADOPT_GRACE_S,
+        warm_pool: tuple[PoolTarget, ...] = (),
+        pool_dir: Path | None = None,
     ) -> None:
         self.hypervisor = hypervisor
         self.store = store
@@ -159,6 +171,68 @@ class SessionManager:
         self._live: dict[str, Session] = {}
         self._ended: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
+        if warm_pool and (pool_dir is None or new_id is not new_session_id):
+            raise ConfigError(
+                "a warm pool needs a pool directory and server-made session ids "
+                "(not available on cluster nodes)"
+            )
+        self.pool: WarmPool | None = None
+        """The warm pool (``None``: every session boots cold)."""
+        if warm_pool and pool_dir is not None:
+            self.pool = WarmPool(
+                warm_pool,
+                hypervisor=hypervisor,
+                resolve_image=resolve_image,
+                pool_dir=pool_dir,
+                new_id=new_id,
+                reserve=self._pool_reserve,
+                memory_overhead_mib=memory_overhead_mib,
+            )
+
+    def start_pool(self) -> None:
+        """Start filling the warm pool (a no-op without one)."""
+        if self.pool is not None:
+            self.pool.start()
+
+    def close_pool(self) -> None:
+        """Destroy the warm pool's desktops and saved states (a no-op without one)."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def _pool_reserve(self, mib: int) -> bool:
+        """Whether the pool may commit ``mib`` MiB more without crowding out sessions."""
+        if self._max_total_memory_mib is None:
+            return True
+        with self._lock:
+            used = sum(_hard_mib(s.spec) for s in self._live.values())
+        pool = self.pool.memory_mib() if self.pool is not None else 0
+        return used + pool + mib <= self._max_total_memory_mib
+
+    def _claim(
+        self,
+        image: BootImage,
+        display: DisplaySpec,
+        memory_mib: int,
+        vcpus: int,
+        *,
+        plain: bool,
+    ) -> tuple[WarmDesktop | None, float]:
+        """A pooled desktop for this request (``None``: boot cold) and the claim's time."""
+        if self.pool is None or not plain:
+            return None, 0.0
+        t0 = self._clock.monotonic_ns()
+        key = PoolKey.of(image, display, memory_mib, vcpus, network=False)
+        desktop = self.pool.claim(key)
+        if desktop is not None:
+            try:
+                self.hypervisor.set_cpu_weight(desktop.spec.session_id, DEFAULT_CPU_WEIGHT)
+                # The session's own link to its start state (for resets; outlives the pool's).
+                desktop.state = self.hypervisor.keep_state(desktop.spec.session_id, desktop.state)
+            except DeskvmError:
+                with contextlib.suppress(DeskvmError):
+                    self.hypervisor.destroy(desktop.spec.session_id)
+                desktop = None
+        return desktop, round((self._clock.monotonic_ns() - t0) / 1e9, 3)
 
     def create(
         self,
@@ -211,7 +285,60 @@ class SessionManager:
                 code="egress_not_configured",
             )
         boot_image = self._resolve_image(image)
-        session_id = validate_session_id(self._new_id())
+        with self._lock:
+            if len(self._live) >= self._max_sessions:
+                raise CapacityError(
+                    f"{len(self._live)} of {self._max_sessions} sessions are running; "
+                    "delete one or raise --max-sessions"
+                )
+        plain = egress is None and autostart is None and cpu_quota_pct is None and disk_mib is None
+        warm, claim_s = self._claim(boot_image, display, memory_mib, vcpus, plain=plain)
+        try:
+            session = self._register(
+                warm, boot_image, display, memory_mib, vcpus, boot_timeout_s, cpu_quota_pct,
+                disk_mib, ttl_s, idle_timeout_s, autostart, egress,
+            )  # fmt: skip
+        except BaseException:
+            if warm is not None:
+                with contextlib.suppress(DeskvmError):
+                    self.hypervisor.destroy(warm.spec.session_id)
+            raise
+        finally:
+            if warm is not None and self.pool is not None:
+                self.pool.release(warm.spec.session_id)
+        if on_started is not None:
+            on_started(session)
+        try:
+            if warm is not None:
+                session.start_state = warm.state
+                session.start(warm=warm.domain, claim_s=claim_s)
+            else:
+                session.start()
+        except BaseException:
+            self._retire(session)
+            raise
+        return session
+
+    def _register(
+        self,
+        warm: WarmDesktop | None,
+        boot_image: BootImage,
+        display: DisplaySpec,
+        memory_mib: int,
+        vcpus: int,
+        boot_timeout_s: float,
+        cpu_quota_pct: int | None,
+        disk_mib: int | None,
+        ttl_s: float | None,
+        idle_timeout_s: float | None,
+        autostart: Autostart | None,
+        egress: EgressPolicy | None,
+    ) -> Session:
+        """Check the limits and register a new session (its recording starts here)."""
+        if warm is not None:
+            session_id = warm.spec.session_id
+        else:
+            session_id = validate_session_id(self._new_id())
         with self._lock:
             if session_id in self._live or session_id in self._ended:
                 raise ConfigError(f"session id {session_id} is already in use")
@@ -247,6 +374,14 @@ class SessionManager:
                         " derived from the host's RAM)"
                     )
                 used = sum(_hard_mib(s.spec) for s in self._live.values())
+                pooled = self.pool.memory_mib() if self.pool is not None else 0
+                if (
+                    warm is None
+                    and pooled
+                    and used + pooled + _hard_mib(spec) > (self._max_total_memory_mib)
+                ):
+                    # Pool desktops make room for a session that has to boot cold.
+                    self.pool.evict(used + pooled + _hard_mib(spec) - self._max_total_memory_mib)  # type: ignore[union-attr]
                 if used + _hard_mib(spec) > self._max_total_memory_mib:
                     raise CapacityError(
                         f"{used} MiB of {self._max_total_memory_mib} MiB are committed to live"
@@ -287,13 +422,6 @@ class SessionManager:
                 owner=self.owner,
             )
             self._live[spec.session_id] = session
-        if on_started is not None:
-            on_started(session)
-        try:
-            session.start()
-        except BaseException:
-            self._retire(session)
-            raise
         return session
 
     def _retire(self, session: Session) -> None:
@@ -387,6 +515,26 @@ class SessionManager:
                 closed.append(session.id)
         return closed
 
+    def reset(self, session_id: str) -> Session:
+        """Return a session to its start state (see :meth:`Session.reset`).
+
+        A reset that fails ends the session (its domain is gone).
+
+        Raises:
+            SessionNotFound: unknown id.
+            SessionClosed: the session is not ready.
+            ConfigError: code ``reset_unavailable``: the session has no saved start state.
+            HypervisorError: the restore failed (the session has been ended).
+        """
+        session = self.get(session_id)
+        try:
+            session.reset()
+        except HypervisorError as exc:
+            with contextlib.suppress(DeskvmError):
+                self.delete(session.id, reason=f"reset failed: {exc.message}")
+            raise
+        return session
+
     def extend_ttl(self, session_id: str, ttl_s: float, *, max_ttl_s: float | None) -> Session:
         """Set a session's lifetime to ``ttl_s`` seconds from its creation (see
         :meth:`Session.extend_ttl`); a session found already expired is ended now.
@@ -435,7 +583,8 @@ class SessionManager:
         # order would reap a session created between the two reads).
         found = self.hypervisor.list_sessions()
         removed: set[str] = set()
-        protected: set[str] = set()
+        # Pool domains register their ids before their domains exist, like sessions.
+        protected: set[str] = self.pool.ids() if self.pool is not None else set()
         if self.store is not None:
             for record in self.store.records():
                 if record.session_id in self._live_ids():

@@ -67,7 +67,7 @@ from orchestrator.errors import (
     SessionClosed,
 )
 from orchestrator.guest_control import run_guest_action
-from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment
+from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment, SavedState
 from orchestrator.imaging import encode_png as _encode_png
 from orchestrator.input_plan import HelperStep, Pacing, PlanStep, plan_action, release_all
 from orchestrator.instance import boot_id
@@ -115,6 +115,10 @@ _ALL_BUTTONS = frozenset({"left", "middle", "right", "side", "extra"})
 DECISION_LOG_LAG_S = 2.0
 """How late an egress decision may reach its log (dnsmasq stamps whole seconds)."""
 
+CLOCK_SET_TIMEOUT_S = 1.0
+"""How long a warm start waits for the guest to confirm its new wall clock, seconds."""
+RESET_READY_TIMEOUT_S = 30.0
+"""How long a reset's restored desktop may take to show a drawn frame, seconds."""
 HELPER_ANNOUNCE_WAIT_S = 5.0
 """How long an action that needs the guest helper waits for it to announce itself, s."""
 HELPER_MAX_TEXT_CHARS = 10_000
@@ -332,6 +336,24 @@ class Session:
         """Monotonic time of the last action (or creation): the idle timeout counts from it."""
         self.ready_ns: int | None = None
         self.boot_s: float | None = None
+        """Seconds from the start (domain start, or the claim of a warm desktop) to ready."""
+        self.start_kind: Literal["warm", "cold"] | None = None
+        """``"warm"``: a restored pool desktop was taken over; ``"cold"``: it booted."""
+        self.start_state: SavedState | None = None
+        """The saved state this session started from (warm starts); :meth:`reset` restores
+        it. ``None``: the session booted cold and cannot be reset."""
+        self.resets = 0
+        """How often the session was reset."""
+        self.last_reset_s: float | None = None
+        """Seconds the last :meth:`reset` took."""
+        self._log_before_reset = b""
+        self.clock_offset_s: float | None = None
+        """After a warm start: the guest's wall clock minus the host's once set, seconds
+        (the guest's word); ``None``: cold start, or the guest did not confirm."""
+        self.start_phases_s: dict[str, float] = {}
+        """Seconds each start phase took: ``claim_s`` (warm), ``egress_s`` (with a
+        policy), ``domain_start_s`` (cold), ``clock_s`` (warm: setting the guest's wall
+        clock), ``ready_s`` (until a drawn frame)."""
         self.closed_reason: str | None = None
         self._guest_log_snapshot = b""
         self._console_snapshot = ""
@@ -379,13 +401,23 @@ class Session:
     def __exit__(self, *exc_info: object) -> None:
         self.close(reason="context exit")
 
-    def start(self) -> None:
+    def start(self, *, warm: Domain | None = None, claim_s: float | None = None) -> None:
         """Start the domain and block until the desktop is drawn.
 
         Ready means: the guest wrote ``DESKVM_READY`` and a frame shows the desktop
         (:func:`desktop_drawn`); with ``spec.autostart == "input-probe"`` it means the probe
         wrote ``probe_ready`` and ``DESKVM_READY`` and the screen has the asked size
         (:func:`probe_drawn`).
+
+        A warm start takes over ``warm``, a domain already running from a restored state
+        (a warm pool's desktop, see :mod:`orchestrator.pool`): nothing boots, the
+        recording starts now, and ready means a frame shows the desktop (the guest wrote
+        its ``DESKVM_READY`` before the state was saved). :attr:`start_kind` says which
+        start it was and :attr:`start_phases_s` how long each phase took.
+
+        Args:
+            warm: the restored domain to take over (``None``: boot cold).
+            claim_s: how long taking ``warm`` out of the pool took, seconds.
 
         Raises:
             BootTimeout: not ready before ``spec.boot_timeout_s`` (carries the console tail).
@@ -397,10 +429,12 @@ class Session:
                 raise SessionClosed(f"session {self.id} was already started")
             self._state = "starting"
         t0 = self._clock.monotonic_ns()
+        self.start_kind = "cold" if warm is None else "warm"
         self._recorder.append(
             "lifecycle",
             {
                 "event": "starting",
+                "start": self.start_kind,
                 "image": self.spec.image.name,
                 "image_hash": self.spec.image.content_hash,
                 "display": [self.spec.display.width_px, self.spec.display.height_px],
@@ -413,11 +447,25 @@ class Session:
         )
         self._persist_quietly()  # "starting": a restart tears such a session down
         try:
+            phases: dict[str, float] = {}
+            if claim_s is not None:
+                phases["claim_s"] = claim_s
+            mark = self._clock.monotonic_ns()
             if self._egress is not None and self.spec.egress is not None:
                 self._attach_egress()
-            self._domain = self._hypervisor.start(self.spec, nic=self._nic)
+                phases["egress_s"], mark = self._since(mark)
+            if warm is None:
+                self._domain = self._hypervisor.start(self.spec, nic=self._nic)
+                phases["domain_start_s"], mark = self._since(mark)
+            else:
+                self._domain = warm
+                # A restored guest's wall clock is that of its save: set it to the host's.
+                self.clock_offset_s = warm.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
+                phases["clock_s"], mark = self._since(mark)
             self._start_capture()  # the boot is recorded too (capture starts at domain start)
-            self._wait_ready(t0)
+            self._wait_ready(t0, warm=warm is not None)
+            phases["ready_s"], mark = self._since(mark)
+            self.start_phases_s = phases
         except BaseException as exc:
             with self._state_lock:
                 closed_by_caller = self._closing.is_set()
@@ -442,8 +490,21 @@ class Session:
             if self._state != "starting":
                 raise SessionClosed(f"session {self.id} was closed while starting")
             self._state = "ready"
-        self._recorder.append("lifecycle", {"event": "ready", "boot_s": round(self.boot_s, 3)})
+        self._recorder.append(
+            "lifecycle",
+            {
+                "event": "ready",
+                "boot_s": round(self.boot_s, 3),
+                "start": self.start_kind,
+                "phases_s": self.start_phases_s,
+                **({} if warm is None else {"clock_offset_s": self.clock_offset_s}),
+            },
+        )
         self._persist_quietly()
+
+    def _since(self, mark_ns: int) -> tuple[float, int]:
+        now = self._clock.monotonic_ns()
+        return round((now - mark_ns) / 1e9, 3), now
 
     def _start_capture(self) -> None:
         """Start the capture loop of the running domain's screen (once).
@@ -550,7 +611,7 @@ class Session:
         with self._drain_lock:
             return summarise_link_chatter([*self._decisions, *self._open_decisions])
 
-    def _wait_ready(self, t0_ns: int) -> None:
+    def _wait_ready(self, t0_ns: int, *, warm: bool = False) -> None:
         assert self._domain is not None
         domain, spec = self._domain, self.spec
         deadline_ns = t0_ns + int(spec.boot_timeout_s * 1e9)
@@ -566,7 +627,7 @@ class Session:
             guest_log = domain.read_guest_log()
             if spec.autostart == "input-probe" and PROBE_READY_MARKER not in guest_log:
                 reason = "the input probe has not reported probe_ready on the guest log"
-            elif READY_MARKER in guest_log:
+            elif warm or READY_MARKER in guest_log:
                 image = domain.display.screendump()
                 d = spec.display
                 if spec.autostart == "input-probe":
@@ -623,7 +684,7 @@ class Session:
                     self._frames.still(reason="closing")
         if self._domain is not None:
             with contextlib.suppress(DeskvmError):
-                self._guest_log_snapshot = self._domain.read_guest_log()
+                self._guest_log_snapshot = self._log_before_reset + self._domain.read_guest_log()
                 self._console_snapshot = self._domain.console_tail(64 * 1024)
         try:
             self._hypervisor.destroy(self.id)
@@ -1024,7 +1085,7 @@ class Session:
     def guest_log(self) -> bytes:
         """Everything the guest wrote to ``/dev/ttyS1`` so far (kept after close)."""
         if self._domain is not None and self._state in ("starting", "ready"):
-            return self._domain.read_guest_log()
+            return self._log_before_reset + self._domain.read_guest_log()
         return self._guest_log_snapshot
 
     def domain_running(self) -> bool:
@@ -1460,6 +1521,85 @@ class Session:
 
     def uptime_s(self) -> float:
         return (time.monotonic_ns() - self.created_ns) / 1e9
+
+    def reset(self) -> float:
+        """Return the desktop to its start state: restore :attr:`start_state` onto a fresh
+        overlay (what was written, typed or opened since is gone).
+
+        Runs between actions (it takes the action lock). The recording stays one bundle:
+        a ``lifecycle`` ``reset`` event is appended before the restore, a ``reset_done``
+        event (with ``reset_s`` and the clock offset) and a ``ready`` frame after it. The
+        guest's wall clock is set again, held keys and buttons are forgotten, the host's
+        pointer position returns to the centre, and the guest log keeps what was
+        written before the reset (:meth:`guest_log`).
+
+        Returns:
+            Seconds the reset took (also :attr:`last_reset_s`).
+
+        Raises:
+            ConfigError: code ``reset_unavailable``: no saved start state (a cold start).
+            SessionClosed: the session is not ready.
+            HypervisorError: the restore failed (the session's domain is gone).
+            BootTimeout: the restored desktop was not drawn in time.
+        """
+        if self.start_state is None:
+            raise ConfigError(
+                f"session {self.id} started cold and has no saved start state; only sessions "
+                "handed a warm-pool desktop (\"start\": \"warm\") can be reset",
+                code="reset_unavailable",
+            )
+        with self._lock:
+            if self._state != "ready" or self._domain is None:
+                raise SessionClosed(f"session {self.id} is {self._state}, not ready")
+            t0 = self._clock.monotonic_ns()
+            self._recorder.append("lifecycle", {"event": "reset", "count": self.resets + 1})
+            with contextlib.suppress(DeskvmError):
+                self._log_before_reset += self._domain.read_guest_log()
+            domain = self._hypervisor.reset(self.spec, self.start_state)
+            self._domain = domain
+            if self._frames is not None:
+                self._frames.replace_display(domain.display)
+            self.clock_offset_s = domain.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
+            self._keys_down.clear()
+            self._buttons_down.clear()
+            self._cursor = (self.spec.display.width_px // 2, self.spec.display.height_px // 2)
+            self.typed = TypedWindow()
+            deadline_ns = t0 + int(RESET_READY_TIMEOUT_S * 1e9)
+            while True:
+                if self._closing.is_set():
+                    raise SessionClosed(f"session {self.id} was closed while resetting")
+                image = domain.display.screendump()
+                d = self.spec.display
+                ready, reason = desktop_drawn(
+                    image,
+                    width_px=d.width_px,
+                    height_px=d.height_px,
+                    background_rgb=self.spec.image.background_rgb,
+                    ready=self.spec.image.ready,
+                )
+                if ready:
+                    self._record_frame(image, reason="ready", source="system")
+                    break
+                if self._clock.monotonic_ns() >= deadline_ns:
+                    raise BootTimeout(
+                        f"session {self.id}: the reset desktop was not drawn within "
+                        f"{RESET_READY_TIMEOUT_S:g} s ({reason})",
+                        console_tail=domain.console_tail(),
+                    )
+                self._clock.sleep(self._ready_poll_s)
+            self.resets += 1
+            self.last_reset_s = round((self._clock.monotonic_ns() - t0) / 1e9, 3)
+            self.last_action_ns = self._clock.monotonic_ns()
+            self._recorder.append(
+                "lifecycle",
+                {
+                    "event": "reset_done",
+                    "count": self.resets,
+                    "reset_s": self.last_reset_s,
+                    "clock_offset_s": self.clock_offset_s,
+                },
+            )
+            return self.last_reset_s
 
 
 def _secret_of(action: GuestAction) -> str | None:

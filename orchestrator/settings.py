@@ -74,6 +74,9 @@ class Settings:
         server_name: this server's name in the installation (its sessions' owner; a
             restart under the same name re-adopts them); ``None``: the CLI's default
             (``serve-<port>``), or an ephemeral name for in-process servers.
+        warm_pool: desktops to keep restored and ready, ``IMAGE:N[,IMAGE:N...]``
+            (``deskvm serve --warm-pool``, ``DESKVM_WARM_POOL``; see
+            ``orchestrator.pool``); ``""``: none, every session boots cold.
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -101,6 +104,7 @@ class Settings:
     adopt_grace_s: float = 300.0
     on_exit: Literal["close", "keep"] = "close"
     server_name: str | None = None
+    warm_pool: str = ""
 
     @property
     def session_state_dir(self) -> Path:
@@ -111,6 +115,11 @@ class Settings:
     def instances_dir(self) -> Path:
         """Lock and heartbeat files of the installation's servers (``orchestrator.instance``)."""
         return self.sessions_dir / ".instances"
+
+    @property
+    def pool_dir(self) -> Path:
+        """Saved states of the servers' warm pools (``<pool_dir>/<server name>``)."""
+        return self.state_dir / "pool"
 
     @property
     def token_key_file(self) -> Path:
@@ -195,6 +204,8 @@ class Settings:
                 values["on_exit"] = env["DESKVM_ON_EXIT"]
             if env.get("DESKVM_SERVER_NAME"):
                 values["server_name"] = env["DESKVM_SERVER_NAME"]
+            if env.get("DESKVM_WARM_POOL"):
+                values["warm_pool"] = env["DESKVM_WARM_POOL"]
         except ValueError as exc:
             raise ConfigError(f"malformed DESKVM_* environment variable: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})

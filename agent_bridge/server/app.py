@@ -180,11 +180,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await anyio.to_thread.run_sync(lambda: _sweep_once(manager))
     thread = threading.Thread(target=sweeper, name="deskvm-sweeper", daemon=True)
     thread.start()
+    manager.start_pool()
     try:
         yield
     finally:
         stop.set()
         await anyio.to_thread.run_sync(lambda: thread.join(timeout=30))
+        await anyio.to_thread.run_sync(manager.close_pool)
         if state.settings.on_exit == "keep":
             kept = await anyio.to_thread.run_sync(manager.detach_all)
             if manager.instance is not None:

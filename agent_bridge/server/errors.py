@@ -54,6 +54,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "pending_not_found": 404,
     "token_not_found": 404,
     "session_closed": 409,
+    "reset_unavailable": 409,
     "image_not_verified": 409,
     "rate_limited": 429,
     "over_capacity": 503,

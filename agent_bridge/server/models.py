@@ -353,7 +353,22 @@ class SessionInfo(BaseModel):
     accel: str
     created_at: datetime | None = Field(description="UTC, when the server registered it")
     ready_at: datetime | None = Field(description="UTC, when the desktop was first drawn")
-    boot_s: float | None = Field(description="seconds from domain start to ready")
+    boot_s: float | None = Field(
+        description="seconds from domain start (cold) or from the claim (warm) to ready"
+    )
+    start: Literal["warm", "cold"] | None = Field(
+        None,
+        description="'warm': a desktop restored from a saved state was handed out (warm "
+        "pool); 'cold': the domain booted; null: not started (or re-adopted)",
+    )
+    resets: int = Field(0, description="how often the session was reset (POST .../reset)")
+    last_reset_s: float | None = Field(None, description="seconds the last reset took")
+    start_phases_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds per start phase: claim_s (warm), egress_s (with a policy), "
+        "domain_start_s (cold), clock_s (warm: the guest's wall clock set), ready_s (until "
+        "a drawn frame)",
+    )
     recording: str | None = Field(description="recording bundle directory (kept after end)")
     cursor: CursorModel
     closed_reason: str | None
@@ -400,6 +415,10 @@ class SessionInfo(BaseModel):
             created_at=created_at,
             ready_at=ready_at,
             boot_s=round(session.boot_s, 3) if session.boot_s is not None else None,
+            start=session.start_kind,
+            resets=session.resets,
+            last_reset_s=session.last_reset_s,
+            start_phases_s=dict(session.start_phases_s),
             recording=str(path) if path is not None else None,
             cursor=CursorModel(x=x, y=y),
             closed_reason=session.closed_reason,
@@ -440,11 +459,32 @@ class ExtendRequest(_Strict):
     )
 
 
+class WarmPoolStatus(BaseModel):
+    """One warm pool target (``deskvm serve --warm-pool IMAGE:N``)."""
+
+    image: str
+    size: int = Field(description="desktops kept ready")
+    display: list[int] = Field(description="[width, height], pixels")
+    memory_mib: int
+    vcpus: int
+    ready: int = Field(description="desktops ready to claim now")
+    phase: Literal["new", "building", "filling", "full", "failed"]
+    error: str | None = Field(description="why the last build or restore failed")
+    image_hash: str | None
+    template_boot_s: float | None = Field(description="cold boot of the template, seconds")
+    save_s: float | None = Field(description="saving the template's state, seconds")
+    restore_s: list[float] = Field(description="the last restores, seconds each")
+
+
 class HealthResponse(BaseModel):
     """``GET /healthz``."""
 
     ok: bool
     sessions: int = Field(description="live sessions (starting or ready)")
+    warm_pool: list[WarmPoolStatus] = Field(
+        default_factory=list, description="the warm pool's targets (empty: no pool)"
+    )
+
 
 
 class ErrorDetail(BaseModel):

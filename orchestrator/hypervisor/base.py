@@ -15,7 +15,7 @@ from orchestrator.display.base import DisplayBackend
 from orchestrator.display.guest_helper import GuestHelper
 from orchestrator.spec import SessionSpec
 
-__all__ = ["Accel", "Domain", "Hypervisor", "NicAttachment", "SessionPaths"]
+__all__ = ["Accel", "Domain", "Hypervisor", "NicAttachment", "SavedState", "SessionPaths"]
 
 Accel = Literal["kvm", "tcg"]
 
@@ -60,6 +60,11 @@ class SessionPaths:
     def helper_socket(self) -> Path:
         return self.root / "helper.sock"
 
+    @property
+    def clock_socket(self) -> Path:
+        """Host end of the guest clock's virtio-serial channel (QEMU listens)."""
+        return self.root / "clock.sock"
+
 
 @dataclass(frozen=True, slots=True)
 class NicAttachment:
@@ -78,6 +83,29 @@ class NicAttachment:
     bridge: str
     mac: str
     tap: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    """A session domain's saved running state: what warm starts and resets restore.
+
+    Attributes:
+        root: the directory holding both files (owned by whoever saved it).
+        disk_cap_mib: the virtual size of the saved overlay, MiB (clones get the same).
+    """
+
+    root: Path
+    disk_cap_mib: int
+
+    @property
+    def state_file(self) -> Path:
+        """libvirt's save image (domain XML + QEMU migration stream)."""
+        return self.root / "state.save"
+
+    @property
+    def disk(self) -> Path:
+        """The saved overlay, read-only from now on: the backing file of every clone's."""
+        return self.root / "disk.qcow2"
 
 
 class Domain(Protocol):
@@ -104,6 +132,18 @@ class Domain(Protocol):
 
     def read_guest_log(self, offset: int = 0) -> bytes:
         """Bytes the guest wrote to ``/dev/ttyS1`` from ``offset`` on."""
+        ...
+
+    def set_clock(self, timeout_s: float = 1.0) -> float | None:
+        """Set the guest's wall clock to the host's (after a restore from a saved state).
+
+        Goes over the guest clock's own virtio-serial port (``dev.deskvm.clock.0``, read
+        by root in the guest); images without it never answer.
+
+        Returns:
+            The guest's clock minus the host's right after, seconds (the guest's word),
+            or ``None`` when the guest did not confirm within ``timeout_s``.
+        """
         ...
 
 
@@ -146,4 +186,60 @@ class Hypervisor(Protocol):
 
     def list_sessions(self) -> set[str]:
         """Session ids of every deskvm domain or session directory on the host."""
+        ...
+
+    def save(self, session_id: str, dest: Path) -> SavedState:
+        """Save the running domain's state (memory, devices) and freeze its disk.
+
+        The domain stops; its overlay moves to ``dest`` as a read-only layer and its
+        session files are removed. ``dest`` must not exist.
+
+        Raises:
+            HypervisorError: the save failed (``dest`` is removed, the domain destroyed).
+        """
+        ...
+
+    def restore(
+        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+    ) -> Domain:
+        """Start ``spec``'s domain from ``state`` on a fresh overlay over ``state.disk``.
+
+        The clone has its own name, UUID, VM generation ID (the guest reseeds its RNG),
+        overlay, logs and helper socket. ``cpu_weight`` (cgroup CPU shares, default 1024)
+        below the default makes it yield to live sessions (see :meth:`set_cpu_weight`).
+        Leaves nothing behind when it fails.
+
+        Raises:
+            HypervisorError: the state file is missing or corrupt, or the restore failed.
+        """
+        ...
+
+    def keep_state(self, session_id: str, state: SavedState) -> SavedState:
+        """Give the running session its own reference to ``state`` (its start state).
+
+        The files are hard links in the session's directory: they outlive the pool's
+        template and go with the session.
+
+        Raises:
+            HypervisorError: the links could not be made.
+        """
+        ...
+
+    def reset(self, spec: SessionSpec, state: SavedState) -> Domain:
+        """Replace the session's running domain by a fresh restore of ``state``.
+
+        The domain is destroyed, its overlay deleted; the same session id, directory and
+        helper socket are used again. On failure the session's domain is gone.
+
+        Raises:
+            HypervisorError: the restore failed (the session has no domain any more).
+        """
+        ...
+
+    def set_cpu_weight(self, session_id: str, cpu_weight: int) -> None:
+        """Set the running domain's CPU shares (cgroup weight; 1024 is the default).
+
+        Raises:
+            HypervisorError: no such domain, or libvirt refused.
+        """
         ...

@@ -12,12 +12,14 @@ from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.spec import MIN_DISPLAY_MEMORY_KIB, DisplaySpec, SessionSpec
 
 __all__ = [
+    "CLOCK_PORT",
     "CPU_PERIOD_US",
     "DOMAIN_PREFIX",
     "KEYBOARD_ALIAS",
     "METADATA_NS",
     "NETWORK_CMDLINE",
     "TCG_TB_CACHE_MIB",
+    "clone_domain_xml",
     "cpu_quota_us",
     "domain_name",
     "hard_limit_mib",
@@ -31,6 +33,8 @@ DOMAIN_PREFIX = "deskvm-"
 NETWORK_CMDLINE = "systemd.wants=systemd-networkd.service systemd.wants=systemd-resolved.service"
 """Appended to the kernel command line of domains with a NIC (see :func:`render_domain_xml`)."""
 METADATA_NS = "https://deskvm.dev/xmlns/session/1"
+CLOCK_PORT = "dev.deskvm.clock.0"
+"""virtio-serial port name of the guest clock (domains of images with a guest helper)."""
 KEYBOARD_ALIAS = "ua-deskvm-keyboard"
 """libvirt user alias (``<alias name=...>``) of the session's virtio keyboard."""
 
@@ -100,18 +104,20 @@ def render_domain_xml(
     ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME`` when the spec asks for one)
     appended to the image's command line (images that boot themselves, ``boot`` ``bios`` or
     ``uefi``, get these options as SMBIOS OEM strings; UEFI without secure boot, the
-    variable store in ``paths.nvram``), a virtio tablet (absolute pointer), a virtio
-    keyboard (alias :data:`KEYBOARD_ALIAS`), a stdvga card whose EDID prefers the
-    requested size, two file-backed serial ports (console, guest log), a virtio-serial
-    channel named ``spec.image.helper_port`` on the unix socket ``paths.helper_socket``
-    when the image has a guest helper, no graphics server, no balloon, and a network
-    interface only when ``nic`` is given (then :data:`NETWORK_CMDLINE` is appended to the kernel
-    command line so that a systemd guest starts DHCP and its resolver). Every lifecycle
-    event (poweroff, reboot, crash) destroys it.
-    Limits: ``<cputune>`` CFS bandwidth when ``spec.cpu_quota_pct`` is set, and disk write
-    errors reported to the guest (``error_policy="report"``) instead of pausing the domain.
-    The memory hard limit (:func:`hard_limit_mib`) is *not* in this XML: libvirt 9 also
-    raises ``RLIMIT_MEMLOCK`` to any ``<memtune><hard_limit>`` at launch, which needs
+    variable store in ``paths.nvram``), a VM generation ID ``<genid/>`` (restored copies of
+    a saved domain get new ones: the guest reseeds its RNG), a virtio tablet (absolute
+    pointer), a virtio keyboard (alias :data:`KEYBOARD_ALIAS`), a stdvga card whose EDID
+    prefers the requested size, two file-backed serial ports (console, guest log), a
+    virtio-serial channel named ``spec.image.helper_port`` on the unix socket
+    ``paths.helper_socket`` when the image has a guest helper (and then the guest clock's
+    channel :data:`CLOCK_PORT` on ``paths.clock_socket``), no graphics server, no
+    balloon, and a network interface only when ``nic`` is given (then
+    :data:`NETWORK_CMDLINE` is appended to the kernel command line so that a systemd guest
+    starts DHCP and its resolver). Every lifecycle event (poweroff, reboot, crash) destroys
+    it. Limits: ``<cputune>`` CFS bandwidth when ``spec.cpu_quota_pct`` is set, and disk
+    write errors reported to the guest (``error_policy="report"``) instead of pausing the
+    domain. The memory hard limit (:func:`hard_limit_mib`) is *not* in this XML: libvirt 9
+    also raises ``RLIMIT_MEMLOCK`` to any ``<memtune><hard_limit>`` at launch, which needs
     ``CAP_SYS_RESOURCE``; the hypervisor starts the domain paused, applies the hard limit
     live (the cgroup's memory limit, shown in the live XML) and only then resumes it.
 
@@ -132,6 +138,8 @@ def render_domain_xml(
     dom = ET.Element("domain", type="kvm" if accel == "kvm" else "qemu")
     _sub(dom, "name", domain_name(spec.session_id))
     _sub(dom, "title", f"deskvm session {spec.session_id}")
+    # VM generation ID: a restored clone gets a new one and Linux (>= 5.18) reseeds its RNG.
+    _sub(dom, "genid")
     meta = _sub(dom, "metadata")
     ET.register_namespace("deskvm", METADATA_NS)
     _sub(
@@ -222,6 +230,11 @@ def render_domain_xml(
         channel = _sub(devices, "channel", type="unix")
         _sub(channel, "source", mode="bind", path=str(paths.helper_socket))
         _sub(channel, "target", type="virtio", name=spec.image.helper_port)
+        # The guest clock's port (root's in the guest): the host sets the wall clock of a
+        # desktop restored from a saved state.
+        clock = _sub(devices, "channel", type="unix")
+        _sub(clock, "source", mode="bind", path=str(paths.clock_socket))
+        _sub(clock, "target", type="virtio", name=CLOCK_PORT)
     if nic is not None:
         iface = _sub(devices, "interface", type="bridge")
         _sub(iface, "source", bridge=nic.bridge)
@@ -250,3 +263,69 @@ def metadata_owner(metadata_xml: str) -> str | None:
         return ET.fromstring(metadata_xml).get("owner")
     except ET.ParseError:
         return None
+
+
+def clone_domain_xml(
+    saved_xml: str,
+    *,
+    session_id: str,
+    paths: SessionPaths,
+    created: datetime,
+    owner: str,
+    uuid: str,
+    genid: str,
+) -> str:
+    """The XML a restored copy of a saved session domain runs under.
+
+    Same devices as ``saved_xml`` (a saved domain's XML, see
+    :mod:`orchestrator.hypervisor.save_image`), but the clone's own name
+    (``deskvm-<session_id>``), UUID, VM generation ID (a new one: the guest reseeds its
+    RNG), metadata, overlay, serial log files and guest helper socket, and no
+    ``<memtune>`` (the hard limit is applied live, as for a cold start).
+
+    Raises:
+        ValueError: ``saved_xml`` is not a deskvm domain.
+    """
+    dom = ET.fromstring(saved_xml)
+    ET.register_namespace("deskvm", METADATA_NS)
+    name = dom.find("name")
+    meta = dom.find(f"metadata/{{{METADATA_NS}}}session")
+    if dom.tag != "domain" or name is None or meta is None:
+        raise ValueError("not a deskvm domain XML")
+    name.text = domain_name(session_id)
+    for tag, value in (("uuid", uuid), ("genid", genid), ("title", f"deskvm session {session_id}")):
+        el = dom.find(tag)
+        if el is None:
+            el = ET.Element(tag)
+            dom.insert(1, el)
+        el.text = value
+    meta.set("id", session_id)
+    meta.set("created", created.isoformat())
+    meta.set("owner", owner)
+    for memtune in dom.findall("memtune"):
+        dom.remove(memtune)
+    devices = dom.find("devices")
+    if devices is None:
+        raise ValueError("saved domain XML has no devices")
+    for disk in devices.findall("disk"):
+        source = disk.find("source")
+        if disk.get("device") == "disk" and source is not None:
+            source.set("file", str(paths.overlay))
+            for backing in disk.findall("backingStore"):
+                disk.remove(backing)
+    logs = {"0": paths.console_log, "1": paths.guest_log}
+    for tag in ("serial", "console"):
+        for el in devices.findall(tag):
+            source, target = el.find("source"), el.find("target")
+            port = target.get("port", "0") if target is not None else "0"
+            if source is not None and port in logs:
+                source.set("path", str(logs[port]))
+    for channel in devices.findall("channel"):
+        source, target = channel.find("source"), channel.find("target")
+        if channel.get("type") == "unix" and source is not None and target is not None:
+            port = target.get("name")
+            source.set(
+                "path", str(paths.clock_socket if port == CLOCK_PORT else paths.helper_socket)
+            )
+    ET.indent(dom)
+    return ET.tostring(dom, encoding="unicode") + "\n"

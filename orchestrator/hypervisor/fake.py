@@ -8,11 +8,13 @@ Failures can be injected per lifecycle step.
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 from orchestrator.display.fake import FakeDisplay, FakeGuestHelper
 from orchestrator.errors import HypervisorError
-from orchestrator.hypervisor.base import Accel, NicAttachment
+from orchestrator.hypervisor.base import Accel, NicAttachment, SavedState
 from orchestrator.spec import SessionSpec
 
 __all__ = ["FakeDomain", "FakeHypervisor"]
@@ -28,8 +30,14 @@ class FakeDomain:
         *,
         horizontal_wheel: bool = True,
         boot_screens: int = 0,
+        restored_from: Path | None = None,
     ) -> None:
         self.spec = spec
+        self.restored_from = restored_from
+        """The saved state this domain was restored from (``None``: booted)."""
+        self.cpu_weight = 1024
+        self.clock_set = 0
+        """How often the host set this guest's clock."""
         self.nic = nic
         self.running = True
         self.console = "[    0.000000] Linux version 6.1.0 (fake)\nfake login: desk\n"
@@ -47,6 +55,8 @@ class FakeDomain:
         self._helper = (
             FakeGuestHelper(self._display) if spec.image.helper_port is not None else None
         )
+        if restored_from is not None:
+            return  # a restored guest wrote its readiness before the save (not to this log)
         if spec.autostart == "input-probe":
             self.write_guest_log(
                 f'{{"ev":"probe_ready","w":{d.width_px},"h":{d.height_px},"t_s":0.0}}\n'.encode()
@@ -83,6 +93,11 @@ class FakeDomain:
         with self._lock:
             return bytes(self._guest_log[offset:])
 
+    def set_clock(self, timeout_s: float = 1.0) -> float | None:
+        """The fake guest's clock is the host's: confirmed at once (offset 0)."""
+        self.clock_set += 1
+        return 0.0
+
 
 class FakeHypervisor:
     """:class:`~orchestrator.hypervisor.base.Hypervisor` that keeps domains in memory.
@@ -96,6 +111,12 @@ class FakeHypervisor:
     * ``"destroy"``: :meth:`destroy` raises and leaves the domain behind (a leak the
       reaper must find).
     * ``"adopt"``: :meth:`adopt` raises (the domain is left as it is).
+    * ``"save"``: :meth:`save` raises (the domain is destroyed, nothing is saved).
+    * ``"restore"``: :meth:`restore` raises (nothing is left).
+    * ``"reset"``: :meth:`reset` raises (the session's domain is gone).
+
+    :meth:`save` writes a small JSON ``state.save``; :meth:`restore` refuses a state file
+    that is missing or does not parse (a corrupt save), as the real one does.
 
     Args:
         accel: what the fake host "probed".
@@ -121,6 +142,8 @@ class FakeHypervisor:
         self.started: list[str] = []
         self.destroyed: list[str] = []
         self.adopted: list[str] = []
+        self.saved: list[str] = []
+        self.restored: list[str] = []
         self._lock = threading.Lock()
 
     @property
@@ -176,3 +199,70 @@ class FakeHypervisor:
     def list_sessions(self) -> set[str]:
         with self._lock:
             return set(self.domains)
+
+    def save(self, session_id: str, dest: Path) -> SavedState:
+        with self._lock:
+            domain = self.domains.pop(session_id, None)
+            if domain is None or not domain.running:
+                raise HypervisorError(f"could not save session {session_id}: not running")
+            domain.running = False
+            if self._injected("save"):
+                raise HypervisorError(f"injected failure saving {session_id}")
+            dest.mkdir(mode=0o711)
+            state = SavedState(root=dest, disk_cap_mib=1024)
+            state.state_file.write_text(json.dumps({"session_id": session_id}))
+            state.disk.write_bytes(b"frozen")
+            self.saved.append(session_id)
+            return state
+
+    def restore(
+        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+    ) -> FakeDomain:
+        with self._lock:
+            try:
+                json.loads(state.state_file.read_text())["session_id"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise HypervisorError(
+                    f"could not restore session {spec.session_id} from {state.state_file}: {exc}"
+                ) from exc
+            if self._injected("restore"):
+                raise HypervisorError(f"injected failure restoring {spec.session_id}")
+            if spec.session_id in self.domains:
+                raise HypervisorError(f"session {spec.session_id} already exists")
+            domain = FakeDomain(
+                spec,
+                None,
+                horizontal_wheel=self._horizontal_wheel,
+                restored_from=state.state_file,
+            )
+            if cpu_weight is not None:
+                domain.cpu_weight = cpu_weight
+            self.domains[spec.session_id] = domain
+            self.restored.append(spec.session_id)
+            return domain
+
+    def keep_state(self, session_id: str, state: SavedState) -> SavedState:
+        return state
+
+    def reset(self, spec: SessionSpec, state: SavedState) -> FakeDomain:
+        with self._lock:
+            old = self.domains.pop(spec.session_id, None)
+            if old is not None:
+                old.running = False
+            if self._injected("reset"):
+                raise HypervisorError(f"injected failure resetting {spec.session_id}")
+            if not state.state_file.is_file():
+                raise HypervisorError(f"could not reset {spec.session_id}: no {state.state_file}")
+            domain = FakeDomain(
+                spec, None, horizontal_wheel=self._horizontal_wheel, restored_from=state.state_file
+            )
+            self.domains[spec.session_id] = domain
+            self.restored.append(spec.session_id)
+            return domain
+
+    def set_cpu_weight(self, session_id: str, cpu_weight: int) -> None:
+        with self._lock:
+            domain = self.domains.get(session_id)
+            if domain is None:
+                raise HypervisorError(f"no domain of session {session_id}")
+            domain.cpu_weight = cpu_weight

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
+import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,23 +39,34 @@ from orchestrator.errors import (
     HostSetupError,
     HypervisorError,
 )
-from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
+from orchestrator.hypervisor.base import Accel, NicAttachment, SavedState, SessionPaths
 from orchestrator.hypervisor.domain_xml import (
     KEYBOARD_ALIAS,
     METADATA_NS,
+    clone_domain_xml,
     domain_name,
     hard_limit_mib,
     metadata_owner,
     render_domain_xml,
     session_id_of,
 )
+from orchestrator.hypervisor.save_image import read_header, stream_clone
 from orchestrator.instance import Instance
 from orchestrator.spec import SessionSpec, validate_session_id
 
 _SESSION_DIR_RE = re.compile(r"^[a-z0-9]{12}$")
 _INSTANCE_RE = re.compile(r"^[0-9a-f]{12}$")
 
-__all__ = ["DISK_RESERVE_MIB", "LibvirtDomain", "LibvirtHypervisor", "open_connection"]
+__all__ = [
+    "DISK_RESERVE_MIB",
+    "RESTORE_TIMEOUT_S",
+    "LibvirtDomain",
+    "LibvirtHypervisor",
+    "open_connection",
+]
+
+RESTORE_TIMEOUT_S = 60.0
+"""How long libvirt may take to start reading a restore stream, seconds."""
 
 _SUN_PATH_MAX = 107
 """Longest unix socket path (``sockaddr_un.sun_path`` is 108 bytes with the NUL)."""
@@ -140,6 +155,40 @@ class LibvirtDomain:
         except OSError:
             return b""
 
+    def set_clock(self, timeout_s: float = 1.0) -> float | None:
+        return set_guest_clock(self._paths.clock_socket, timeout_s=timeout_s)
+
+
+def set_guest_clock(socket_path: Path, *, timeout_s: float) -> float | None:
+    """Send the host's ``CLOCK_REALTIME`` to the guest clock (see ``vm_images/guest/base/
+    usr/local/lib/deskvm/clock``) and read its confirmation.
+
+    Returns:
+        The guest's clock minus the host's when the reply arrived, seconds; ``None``
+        when the guest did not confirm within ``timeout_s`` (no such port or program).
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(str(socket_path))
+            sock.sendall(json.dumps({"realtime_ns": time.time_ns()}).encode() + b"\n")
+            reply = b""
+            while b"\n" not in reply and len(reply) < 4096:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return None
+                reply += chunk
+            host_ns = time.time_ns()
+            answer = json.loads(reply.split(b"\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+    guest_ns = answer.get("realtime_ns") if isinstance(answer, dict) else None
+    if answer.get("ok") is not True or isinstance(guest_ns, bool) or not isinstance(guest_ns, int):
+        return None
+    return (guest_ns - host_ns) / 1e9
+
 
 class LibvirtHypervisor:
     """:class:`~orchestrator.hypervisor.base.Hypervisor` on libvirt.
@@ -222,8 +271,7 @@ class LibvirtHypervisor:
             return base_mib
         if spec.disk_mib < base_mib:
             raise ConfigError(
-                f"disk_mib {spec.disk_mib} is smaller than image {spec.image.name}'s"
-                f" {base_mib} MiB"
+                f"disk_mib {spec.disk_mib} is smaller than image {spec.image.name}'s {base_mib} MiB"
             )
         return spec.disk_mib
 
@@ -418,3 +466,189 @@ class LibvirtHypervisor:
         except OSError:
             return False  # no marker: nobody can be serving it
         return instance != self.instance_id and self._instance_alive(instance)
+
+    # --- saved states: warm starts and resets ---------------------------------------
+
+    def save(self, session_id: str, dest: Path) -> SavedState:
+        """See :meth:`Hypervisor.save`: ``virDomainSave`` into ``dest/state.save``; the
+        overlay moves to ``dest/disk.qcow2`` (mode 0444)."""
+        paths = self._paths(session_id)
+        cap_mib = self._caps.get(session_id)
+        try:
+            dest.mkdir(mode=0o711, parents=False)
+        except OSError as exc:
+            raise HypervisorError(f"cannot create the saved state directory {dest}: {exc}") from exc
+        state = SavedState(root=dest, disk_cap_mib=cap_mib or 0)
+        try:
+            if cap_mib is None:
+                state = SavedState(root=dest, disk_cap_mib=self._virtual_size_mib(paths.overlay))
+            helper = self._helpers.pop(session_id, None)
+            if helper is not None:
+                helper.close()
+            dom = self._conn.lookupByName(domain_name(session_id))
+            dom.save(str(state.state_file))
+            os.rename(paths.overlay, state.disk)
+            state.disk.chmod(0o444)
+            read_header(state.state_file)  # what libvirt wrote can be read back
+        except (OSError, libvirt.libvirtError, HypervisorError) as exc:
+            detail = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else exc
+            shutil.rmtree(dest, ignore_errors=True)
+            with contextlib.suppress(HypervisorError):
+                self.destroy(session_id)
+            raise HypervisorError(f"could not save session {session_id}: {detail}") from exc
+        with contextlib.suppress(HypervisorError):
+            self.destroy(session_id)
+        return state
+
+    def restore(
+        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+    ) -> LibvirtDomain:
+        """See :meth:`Hypervisor.restore`.
+
+        libvirt's restore insists on the saved UUID, and two domains never share one, so
+        the clone's XML (:func:`~orchestrator.hypervisor.domain_xml.clone_domain_xml`)
+        goes into the header of a save image streamed through a FIFO
+        (:func:`~orchestrator.hypervisor.save_image.stream_clone`). The domain is
+        restored paused, gets its memory hard limit (and CPU weight), then runs.
+
+        Raises:
+            CapacityError: ``insufficient_disk`` (as :meth:`start`).
+            HypervisorError: the state is missing or corrupt, or libvirt failed.
+        """
+        return self._restore(spec, state, cpu_weight=cpu_weight, fresh=True)
+
+    def keep_state(self, session_id: str, state: SavedState) -> SavedState:
+        """See :meth:`Hypervisor.keep_state` (hard links under ``<session>/start``)."""
+        kept = SavedState(
+            root=self._paths(session_id).root / "start", disk_cap_mib=state.disk_cap_mib
+        )
+        try:
+            kept.root.mkdir(mode=0o711)
+            os.link(state.state_file, kept.state_file)
+            os.link(state.disk, kept.disk)
+        except OSError as exc:
+            shutil.rmtree(kept.root, ignore_errors=True)
+            raise HypervisorError(f"cannot keep the start state of {session_id}: {exc}") from exc
+        return kept
+
+    def reset(self, spec: SessionSpec, state: SavedState) -> LibvirtDomain:
+        """See :meth:`Hypervisor.reset`."""
+        paths = self._paths(spec.session_id)
+        helper = self._helpers.pop(spec.session_id, None)
+        if helper is not None:
+            helper.close()
+        try:
+            with self._lock:
+                dom = self._conn.lookupByName(domain_name(spec.session_id))
+            dom.destroy()
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise HypervisorError(
+                    f"cannot stop session {spec.session_id} for a reset: {exc.get_error_message()}"
+                ) from exc
+        for path in (paths.overlay, paths.root / "restore.fifo"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return self._restore(spec, state, cpu_weight=None, fresh=False)
+
+    def _restore(
+        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None, fresh: bool
+    ) -> LibvirtDomain:
+        paths = self._paths(spec.session_id)
+        header = read_header(state.state_file)
+        if not state.disk.is_file():
+            raise HypervisorError(f"the saved disk {state.disk} is missing")
+        with self._lock:
+            if fresh:
+                self._check_free_space(state.disk_cap_mib)
+            self._caps[spec.session_id] = state.disk_cap_mib
+        fifo = paths.root / "restore.fifo"
+        errors: list[BaseException] = []
+        try:
+            if fresh:
+                self._sessions_dir.mkdir(parents=True, exist_ok=True)
+                paths.root.mkdir(mode=0o711)
+                (paths.root / "instance").write_text(self.instance_id)
+            subprocess.run(
+                [
+                    "qemu-img", "create", "-q", "-f", "qcow2",
+                    "-F", "qcow2", "-b", str(state.disk), str(paths.overlay),
+                    f"{state.disk_cap_mib}M",
+                ],
+                check=True, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            xml = clone_domain_xml(
+                header.xml,
+                session_id=spec.session_id,
+                paths=paths,
+                created=datetime.now(UTC),
+                owner=str(self._sessions_dir),
+                uuid=str(uuid.uuid4()),
+                genid=str(uuid.uuid4()),
+            )
+            os.mkfifo(fifo, 0o600)
+
+            def writer() -> None:
+                try:
+                    stream_clone(state.state_file, header, xml, fifo, timeout_s=RESTORE_TIMEOUT_S)
+                except HypervisorError as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=writer, name=f"restore-{spec.session_id}")
+            thread.start()
+            try:
+                self._conn.restoreFlags(str(fifo), None, libvirt.VIR_DOMAIN_SAVE_PAUSED)
+            finally:
+                if thread.is_alive():
+                    # libvirt never opened the FIFO: open it ourselves to end the writer.
+                    with contextlib.suppress(OSError):
+                        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+                thread.join(timeout=RESTORE_TIMEOUT_S)
+            if errors:
+                raise errors[0]
+            fifo.unlink()
+            with self._lock:
+                dom = self._conn.lookupByName(domain_name(spec.session_id))
+            dom.setMemoryParameters(
+                {"hard_limit": hard_limit_mib(spec) * 1024}, libvirt.VIR_DOMAIN_AFFECT_LIVE
+            )
+            if cpu_weight is not None:
+                dom.setSchedulerParametersFlags(
+                    {"cpu_shares": cpu_weight}, libvirt.VIR_DOMAIN_AFFECT_LIVE
+                )
+            dom.resume()
+            helper = None
+            if spec.image.helper_port is not None:
+                helper = HelperChannel(paths.helper_socket)
+                self._helpers[spec.session_id] = helper
+                helper.connect()
+            return LibvirtDomain(self._conn, dom, spec.session_id, paths, helper)
+        except FileExistsError as exc:
+            raise HypervisorError(f"session {spec.session_id} already exists") from exc
+        except (
+            OSError, subprocess.SubprocessError, libvirt.libvirtError, HypervisorError,
+            GuestHelperError, ValueError,
+        ) as exc:  # fmt: skip
+            if isinstance(exc, libvirt.libvirtError):
+                detail = exc.get_error_message()
+            elif isinstance(exc, HypervisorError | GuestHelperError):
+                detail = exc.message
+            else:
+                detail = getattr(exc, "stderr", None) or str(exc)
+            with contextlib.suppress(HypervisorError):
+                self.destroy(spec.session_id)
+            raise HypervisorError(
+                f"could not restore session {spec.session_id} from {state.state_file}: {detail}"
+            ) from exc
+
+    def set_cpu_weight(self, session_id: str, cpu_weight: int) -> None:
+        try:
+            with self._lock:
+                dom = self._conn.lookupByName(domain_name(session_id))
+            dom.setSchedulerParametersFlags(
+                {"cpu_shares": cpu_weight}, libvirt.VIR_DOMAIN_AFFECT_LIVE
+            )
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(
+                f"cannot set the CPU weight of {session_id}: {exc.get_error_message()}"
+            ) from exc

@@ -50,7 +50,7 @@ def test_create_get_list_delete(client: TestClient, hypervisor: FakeHypervisor) 
 
 def test_healthz_needs_no_token(anon: TestClient, client: TestClient) -> None:
     _create(client)
-    assert anon.get("/healthz").json() == {"ok": True, "sessions": 1}
+    assert anon.get("/healthz").json() == {"ok": True, "sessions": 1, "warm_pool": []}
 
 
 def test_openapi_is_served(anon: TestClient) -> None:

@@ -156,6 +156,27 @@ async def delete_session(session_id: str, bridge: Bridge, base_url: BaseUrl) -> 
     return bridge.session_info(session, base_url)
 
 
+@router.post(
+    "/{session_id}/reset",
+    response_model=SessionInfo,
+    dependencies=[Depends(SessionGuard("control"))],
+)
+async def reset_session(session_id: str, bridge: Bridge, base_url: BaseUrl) -> SessionInfo:
+    """Return the session to its start state (the saved state its warm desktop was
+    restored from) in about a second: the domain is restored again onto a fresh overlay,
+    its wall clock set; ``resets`` and ``last_reset_s`` say how often and how long. The
+    recording stays one bundle with a ``reset`` marker.
+
+    409 ``reset_unavailable`` for a session that booted cold (``"start": "cold"``: no
+    saved start state), 409 ``session_closed`` if it is not ready; 502
+    ``hypervisor_error`` if the restore failed (the session has then been ended).
+    """
+    manager = bridge.manager
+    session = await anyio.to_thread.run_sync(lambda: manager.reset(session_id))
+    log.info("session %s reset in %.2f s", session_id, session.last_reset_s or 0.0)
+    return bridge.session_info(session, base_url)
+
+
 @router.get(
     "/{session_id}/guest-log",
     response_class=PlainTextResponse,

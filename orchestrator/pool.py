@@ -1,0 +1,516 @@
+"""The warm pool: desktops restored from a saved state, ready before anyone asks.
+
+For each :class:`PoolTarget` (``deskvm serve --warm-pool IMAGE:N``) the pool boots one
+*template* session cold, waits until its desktop is drawn (and its guest helper has
+announced itself), and saves it (:meth:`~orchestrator.hypervisor.base.Hypervisor.save`):
+memory and devices into ``state.save``, the disk frozen as a read-only layer. It then
+keeps ``N`` clones restored from that state (each on its own overlay over the frozen
+layer, with its own name, UUID and VM generation ID) running at a low CPU weight
+(:data:`POOL_CPU_WEIGHT`), so that a session that matches the target's
+:class:`PoolKey` is handed a drawn desktop instead of booting one
+(:meth:`WarmPool.claim`). A background thread refills the pool after each claim.
+
+Identity: pool desktops have session ids and directories like sessions (a claimed one
+*becomes* the session), so the session manager keeps them out of its reaper
+(:meth:`WarmPool.ids`); a server that stops leaves them to the reaper of its
+successor, which does not know them. Memory: every pool domain's hard limit counts in
+the server's memory budget (``reserve``); the manager evicts pool desktops when a
+session needs the room (:meth:`WarmPool.evict`). Invalidation: the image is resolved
+again on every refill round; a new content hash drops the template and its desktops
+and builds anew. Faults: a save or restore that fails is reported in
+:meth:`WarmPool.status` (and the log); the template is dropped and rebuilt after
+:data:`RETRY_S`, and sessions boot cold meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError, DeskvmError, HypervisorError
+from orchestrator.hypervisor.base import Domain, Hypervisor, SavedState
+from orchestrator.hypervisor.domain_xml import hard_limit_mib
+from orchestrator.session import READY_MARKER, desktop_drawn
+from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
+
+__all__ = [
+    "DEFAULT_CPU_WEIGHT",
+    "POOL_CPU_WEIGHT",
+    "RETRY_S",
+    "PoolKey",
+    "PoolTarget",
+    "WarmDesktop",
+    "WarmPool",
+    "parse_warm_pool",
+]
+
+log = logging.getLogger("deskvm.pool")
+
+POOL_CPU_WEIGHT = 64
+"""cgroup CPU shares of pool domains and template boots (live sessions have 1024)."""
+DEFAULT_CPU_WEIGHT = 1024
+"""cgroup CPU shares a claimed desktop gets back (libvirt's default)."""
+RETRY_S = 30.0
+"""How long the pool waits before it builds a failed template again, seconds."""
+_MAX_POOL_SIZE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTarget:
+    """How many ready desktops of one kind to keep.
+
+    Attributes:
+        image: image name.
+        size: desktops kept ready (1..64).
+        display, memory_mib, vcpus: what they are made of (the defaults of
+            ``POST /v1/sessions``).
+    """
+
+    image: str
+    size: int
+    display: DisplaySpec = field(default_factory=DisplaySpec)
+    memory_mib: int = 2048
+    vcpus: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.size <= _MAX_POOL_SIZE:
+            raise ConfigError(f"warm pool size {self.size} is outside 1..{_MAX_POOL_SIZE}")
+
+
+def parse_warm_pool(text: str) -> tuple[PoolTarget, ...]:
+    """Parse ``IMAGE:N[,IMAGE:N...]`` (``deskvm serve --warm-pool``, ``DESKVM_WARM_POOL``).
+
+    Raises:
+        ConfigError: an entry is not ``IMAGE:N`` with ``N`` in 1..64, or an image repeats.
+    """
+    targets: list[PoolTarget] = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        image, sep, count = entry.rpartition(":")
+        if not sep or not image or not count.isdigit():
+            raise ConfigError(f"warm pool entry {entry!r} is not IMAGE:N (e.g. debian12-desktop:2)")
+        if any(t.image == image for t in targets):
+            raise ConfigError(f"warm pool names image {image!r} twice")
+        targets.append(PoolTarget(image=image, size=int(count)))
+    return tuple(targets)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolKey:
+    """What a pooled desktop must share with a requested session to be handed out.
+
+    Attributes:
+        image_hash: the image's content hash (a rebuilt image never matches old desktops).
+        width_px, height_px: display size.
+        memory_mib, vcpus: guest RAM and CPUs.
+        network: whether the guest has a NIC (pool desktops never do, for now).
+    """
+
+    image_hash: str
+    width_px: int
+    height_px: int
+    memory_mib: int
+    vcpus: int
+    network: bool = False
+
+    @classmethod
+    def of(
+        cls, image: BootImage, display: DisplaySpec, memory_mib: int, vcpus: int, *, network: bool
+    ) -> PoolKey:
+        return cls(image.content_hash, display.width_px, display.height_px, memory_mib, vcpus,
+                   network)  # fmt: skip
+
+    @property
+    def digest(self) -> str:
+        """16 hex digits naming the key's template directory."""
+        text = f"{self.image_hash}/{self.width_px}x{self.height_px}/{self.memory_mib}/" \
+            f"{self.vcpus}/{int(self.network)}"  # fmt: skip
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class WarmDesktop:
+    """A restored desktop, ready to become a session.
+
+    Attributes:
+        spec: its spec (the session id is already its own).
+        domain: the running domain.
+        key: what it matches.
+        restore_s: how long its restore took, seconds.
+        restored_ns: ``CLOCK_MONOTONIC`` ns when it was ready.
+        state: the saved state it was restored from (the session's start state).
+    """
+
+    spec: SessionSpec
+    domain: Domain
+    key: PoolKey
+    restore_s: float
+    restored_ns: int
+    state: SavedState
+
+
+@dataclass(slots=True)
+class _Entry:
+    target: PoolTarget
+    key: PoolKey | None = None
+    image: BootImage | None = None
+    state: SavedState | None = None
+    desktops: list[WarmDesktop] = field(default_factory=list)
+    phase: str = "new"
+    error: str | None = None
+    failed_at: float | None = None
+    template_boot_s: float | None = None
+    save_s: float | None = None
+    restore_s: list[float] = field(default_factory=list)
+
+
+class WarmPool:
+    """Keeps desktops restored from saved states ready for :meth:`claim`.
+
+    Args:
+        targets: what to keep ready.
+        hypervisor: starts, saves and restores domains.
+        resolve_image: image name -> built image (the current hash is looked up on
+            every refill round).
+        pool_dir: this pool's directory (templates live in ``pool_dir/<key digest>``);
+            emptied at :meth:`start` and removed at :meth:`close`.
+        new_id: makes session ids (each pool domain gets one at creation).
+        reserve: ``reserve(mib)`` says whether the pool may commit ``mib`` more MiB of
+            host memory (the manager's budget, pool memory counted).
+        memory_overhead_mib: QEMU overhead of each domain (as the manager's sessions).
+        boot_timeout_s: deadline for a template's desktop to be drawn.
+        ready_poll_s: how often a template's readiness is checked, seconds.
+        refill_interval_s: how often the refill thread looks at the pool when nothing
+            wakes it, seconds.
+    """
+
+    def __init__(
+        self,
+        targets: tuple[PoolTarget, ...],
+        *,
+        hypervisor: Hypervisor,
+        resolve_image: Callable[[str], BootImage],
+        pool_dir: Path,
+        new_id: Callable[[], str],
+        reserve: Callable[[int], bool] = lambda _mib: True,
+        memory_overhead_mib: int = 768,
+        boot_timeout_s: float = 300.0,
+        ready_poll_s: float = 0.5,
+        refill_interval_s: float = 2.0,
+    ) -> None:
+        self._hv = hypervisor
+        self._resolve = resolve_image
+        self.pool_dir = pool_dir
+        self._new_id = new_id
+        self._reserve = reserve
+        self._overhead_mib = memory_overhead_mib
+        self._boot_timeout_s = boot_timeout_s
+        self._ready_poll_s = ready_poll_s
+        self._interval_s = refill_interval_s
+        self._entries = [_Entry(target=t) for t in targets]
+        self._lock = threading.Lock()
+        self._busy: dict[str, int] = {}  # ids being booted/restored -> hard limit MiB
+        self._handed: set[str] = set()  # claimed, not yet a registered session
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- the manager's side -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Empty ``pool_dir`` (a previous run's templates) and start refilling."""
+        shutil.rmtree(self.pool_dir, ignore_errors=True)
+        self.pool_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="deskvm-warm-pool", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop refilling, destroy every pool domain, remove the templates. Idempotent."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._boot_timeout_s + 60)
+        with self._lock:
+            entries = list(self._entries)
+        for entry in entries:
+            self._drop(entry, "the server is stopping")
+        shutil.rmtree(self.pool_dir, ignore_errors=True)
+
+    def key_of(self, target: PoolTarget, image: BootImage) -> PoolKey:
+        return PoolKey.of(image, target.display, target.memory_mib, target.vcpus, network=False)
+
+    def claim(self, key: PoolKey) -> WarmDesktop | None:
+        """Take a ready desktop matching ``key`` out of the pool (``None``: none ready).
+
+        A desktop whose domain stopped is destroyed and skipped. The refill thread is
+        woken. The desktop's id stays in :meth:`ids` (out of the reaper's reach) until
+        :meth:`release` says the caller has registered it.
+        """
+        while True:
+            with self._lock:
+                found = next((e for e in self._entries if e.key == key and e.desktops), None)
+                desktop = found.desktops.pop(0) if found is not None else None
+                if desktop is not None:
+                    self._handed.add(desktop.spec.session_id)
+            if desktop is None:
+                return None
+            self._wake.set()
+            if desktop.domain.is_running():
+                return desktop
+            self.release(desktop.spec.session_id)
+            log.warning("warm desktop %s stopped while pooled", desktop.spec.session_id)
+            with contextlib.suppress(DeskvmError):
+                self._hv.destroy(desktop.spec.session_id)
+
+    def release(self, session_id: str) -> None:
+        """Forget a claimed desktop's id (it is a registered session now, or destroyed)."""
+        with self._lock:
+            self._handed.discard(session_id)
+
+    def ids(self) -> set[str]:
+        """Session ids of every pool domain (ready, being restored, template boots)."""
+        with self._lock:
+            ready = {d.spec.session_id for e in self._entries for d in e.desktops}
+            return ready | set(self._busy) | self._handed
+
+    def memory_mib(self) -> int:
+        """Host memory committed to pool domains (their hard limits), MiB."""
+        with self._lock:
+            ready = sum(hard_limit_mib(d.spec) for e in self._entries for d in e.desktops)
+            return ready + sum(self._busy.values())
+
+    def evict(self, need_mib: int, *, keep: PoolKey | None = None) -> int:
+        """Destroy ready desktops (other keys than ``keep`` first) until ``need_mib`` MiB
+        are freed or none is left; returns the MiB freed."""
+        freed = 0
+        while freed < need_mib:
+            with self._lock:
+                victims = [e for e in self._entries if e.desktops and e.key != keep]
+                victims = victims or [e for e in self._entries if e.desktops]
+                if not victims:
+                    break
+                desktop = victims[0].desktops.pop()
+            freed += hard_limit_mib(desktop.spec)
+            with contextlib.suppress(DeskvmError):
+                self._hv.destroy(desktop.spec.session_id)
+        return freed
+
+    def status(self) -> list[dict[str, Any]]:
+        """One entry per target: ``image``, ``size``, ``ready``, ``phase`` (``new``,
+        ``building``, ``filling``, ``full``, ``failed``), ``error``, ``image_hash``,
+        ``template_boot_s``, ``save_s``, ``restore_s`` (last restores, seconds)."""
+        with self._lock:
+            return [
+                {
+                    "image": e.target.image,
+                    "size": e.target.size,
+                    "display": [e.target.display.width_px, e.target.display.height_px],
+                    "memory_mib": e.target.memory_mib,
+                    "vcpus": e.target.vcpus,
+                    "ready": len(e.desktops),
+                    "phase": e.phase,
+                    "error": e.error,
+                    "image_hash": e.key.image_hash if e.key else None,
+                    "template_boot_s": e.template_boot_s,
+                    "save_s": e.save_s,
+                    "restore_s": list(e.restore_s[-5:]),
+                }
+                for e in self._entries
+            ]
+
+    def wait_full(self, timeout_s: float) -> bool:
+        """Block until every target has its desktops (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(len(e.desktops) >= e.target.size for e in self._entries):
+                    return True
+            time.sleep(0.2)
+        return False
+
+    # --- the refill thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for entry in self._entries:
+                if self._stop.is_set():
+                    break
+                try:
+                    self._fill(entry)
+                except Exception:  # the pool must outlive any one failure
+                    log.exception("warm pool refill of %s failed", entry.target.image)
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+
+    def _fail(self, entry: _Entry, message: str) -> None:
+        log.warning("warm pool %s: %s; sessions boot cold", entry.target.image, message)
+        with self._lock:
+            entry.phase, entry.error, entry.failed_at = "failed", message, time.monotonic()
+
+    def _fill(self, entry: _Entry) -> None:
+        target = entry.target
+        if entry.failed_at is not None and time.monotonic() - entry.failed_at < RETRY_S:
+            return
+        try:
+            image = self._resolve(target.image)
+        except DeskvmError as exc:
+            self._fail(entry, f"image {target.image!r}: {exc.message}")
+            return
+        key = self.key_of(target, image)
+        if entry.key is not None and entry.key != key:
+            self._drop(entry, f"image {target.image} changed ({key.image_hash[:12]})")
+        if entry.state is None:
+            self._build_template(entry, image, key)
+            if entry.state is None:
+                return
+        while not self._stop.is_set():
+            with self._lock:
+                if len(entry.desktops) >= target.size:
+                    entry.phase = "full"
+                    return
+                entry.phase = "filling"
+            if not self._restore_one(entry, image, key):
+                return
+
+    def _spec(self, image: BootImage, target: PoolTarget, session_id: str) -> SessionSpec:
+        return SessionSpec(
+            session_id=session_id,
+            image=image,
+            display=target.display,
+            memory_mib=target.memory_mib,
+            vcpus=target.vcpus,
+            boot_timeout_s=self._boot_timeout_s,
+            memory_overhead_mib=self._overhead_mib,
+        )
+
+    def _take_id(self, spec_mib: int) -> str | None:
+        """A fresh id registered as busy (before any domain exists), or ``None`` when the
+        memory budget has no room."""
+        if not self._reserve(spec_mib):
+            return None
+        session_id = self._new_id()
+        with self._lock:
+            self._busy[session_id] = spec_mib
+        return session_id
+
+    def _build_template(self, entry: _Entry, image: BootImage, key: PoolKey) -> None:
+        target = entry.target
+        need = hard_limit_mib(self._spec(image, target, "template0000"))
+        session_id = self._take_id(need)
+        if session_id is None:
+            return
+        spec = self._spec(image, target, session_id)
+        dest = self.pool_dir / key.digest
+        with self._lock:
+            entry.phase, entry.key, entry.image = "building", key, image
+        t0 = time.monotonic()
+        try:
+            shutil.rmtree(dest, ignore_errors=True)
+            domain = self._hv.start(spec)
+            self._hv.set_cpu_weight(session_id, POOL_CPU_WEIGHT)
+            self._wait_drawn(spec, domain)
+            boot_s = time.monotonic() - t0
+            t1 = time.monotonic()
+            state = self._hv.save(session_id, dest)
+            save_s = time.monotonic() - t1
+        except DeskvmError as exc:
+            with contextlib.suppress(DeskvmError):
+                self._hv.destroy(session_id)
+            shutil.rmtree(dest, ignore_errors=True)
+            self._fail(entry, f"template boot or save failed: {exc.message}")
+            return
+        finally:
+            with self._lock:
+                self._busy.pop(session_id, None)
+        log.info(
+            "warm pool %s: template %s booted in %.1f s, saved in %.1f s",
+            target.image, key.digest, boot_s, save_s,
+        )  # fmt: skip
+        with self._lock:
+            entry.state, entry.template_boot_s, entry.save_s = state, boot_s, save_s
+            entry.error, entry.failed_at = None, None
+
+    def _wait_drawn(self, spec: SessionSpec, domain: Domain) -> None:
+        deadline = time.monotonic() + spec.boot_timeout_s
+        while True:
+            if self._stop.is_set():
+                raise HypervisorError("the pool is closing")
+            if not domain.is_running():
+                raise HypervisorError("the template domain stopped while booting")
+            if READY_MARKER in domain.read_guest_log():
+                d = spec.display
+                ready, _why = desktop_drawn(
+                    domain.display.screendump(),
+                    width_px=d.width_px,
+                    height_px=d.height_px,
+                    background_rgb=spec.image.background_rgb,
+                    ready=spec.image.ready,
+                )
+                helper = domain.helper
+                if ready and (helper is None or helper.unavailable_reason(wait_s=5.0) is None):
+                    return
+            if time.monotonic() > deadline:
+                raise HypervisorError(
+                    f"the template desktop was not drawn within {spec.boot_timeout_s:.0f} s"
+                )
+            time.sleep(self._ready_poll_s)
+
+    def _restore_one(self, entry: _Entry, image: BootImage, key: PoolKey) -> bool:
+        """Restore one desktop into ``entry``; ``False`` when the round should stop."""
+        assert entry.state is not None
+        need = hard_limit_mib(self._spec(image, entry.target, "template0000"))
+        session_id = self._take_id(need)
+        if session_id is None:
+            return False
+        spec = self._spec(image, entry.target, session_id)
+        t0 = time.monotonic()
+        try:
+            domain = self._hv.restore(spec, entry.state, cpu_weight=POOL_CPU_WEIGHT)
+        except DeskvmError as exc:
+            with self._lock:
+                self._busy.pop(session_id, None)
+            # A state that cannot be restored is dropped: it is rebuilt after RETRY_S.
+            self._drop(entry, None)
+            self._fail(entry, f"restore failed: {exc.message}")
+            return False
+        restore_s = time.monotonic() - t0
+        desktop = WarmDesktop(spec, domain, key, restore_s, time.monotonic_ns(), entry.state)
+        with self._lock:
+            self._busy.pop(session_id, None)
+            if self._stop.is_set():
+                stale = True
+            else:
+                stale = False
+                entry.desktops.append(desktop)
+                entry.restore_s.append(round(restore_s, 3))
+                del entry.restore_s[:-20]
+        if stale:
+            with contextlib.suppress(DeskvmError):
+                self._hv.destroy(session_id)
+            return False
+        return True
+
+    def _drop(self, entry: _Entry, why: str | None) -> None:
+        """Destroy ``entry``'s desktops and remove its template."""
+        with self._lock:
+            desktops, entry.desktops = entry.desktops, []
+            state, entry.state = entry.state, None
+            entry.key = None
+            if why is not None:
+                entry.phase = "new"
+        if why is not None and (desktops or state is not None):
+            log.info("warm pool %s: dropped (%s)", entry.target.image, why)
+        for desktop in desktops:
+            with contextlib.suppress(DeskvmError):
+                self._hv.destroy(desktop.spec.session_id)
+        if state is not None:
+            shutil.rmtree(state.root, ignore_errors=True)

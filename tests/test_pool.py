@@ -1,0 +1,214 @@
+"""The warm pool against the fake hypervisor: claims, refills, memory, faults, reaping."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.hypervisor.fake import FakeHypervisor
+from orchestrator.manager import SessionManager
+from orchestrator.pool import DEFAULT_CPU_WEIGHT, POOL_CPU_WEIGHT, PoolTarget, parse_warm_pool
+from orchestrator.spec import BootImage, DisplaySpec
+
+IMAGE = BootImage("debian12-desktop", "cd" * 32, Path("/b"), Path("/k"), Path("/i"))
+HARD_MIB = 2048 + 768
+
+
+class Images:
+    """An image store whose image can be 'rebuilt' (a new content hash)."""
+
+    def __init__(self) -> None:
+        self.image = IMAGE
+
+    def __call__(self, name: str) -> BootImage:
+        return self.image
+
+
+def manager(tmp_path: Path, hv: FakeHypervisor, *, size: int = 2, **kw) -> SessionManager:
+    m = SessionManager(
+        hypervisor=hv,
+        resolve_image=kw.pop("resolve", Images()),
+        recordings_dir=tmp_path / "rec",
+        ready_poll_s=0.01,
+        warm_pool=(PoolTarget("debian12-desktop", size),),
+        pool_dir=tmp_path / "pool" / "serve-1",
+        **kw,
+    )
+    assert m.pool is not None
+    m.pool._interval_s = 0.05
+    return m
+
+
+def create(m: SessionManager, **kw):
+    return m.create(image="debian12-desktop", display=kw.pop("display", DisplaySpec()), **kw)
+
+
+def lifecycle(session) -> list[dict]:
+    lines = (Path(session.recorder.path) / "events.jsonl").read_text().splitlines()
+    return [e["data"] for e in map(json.loads, lines) if e["kind"] == "lifecycle"]
+
+
+def test_parse_warm_pool() -> None:
+    assert parse_warm_pool("debian12-desktop:2, other:1") == (
+        PoolTarget("debian12-desktop", 2),
+        PoolTarget("other", 1),
+    )
+    assert parse_warm_pool("") == ()
+    for bad in ("debian12-desktop", "x:0", "x:two", ":2", "x:1,x:2", "x:65"):
+        with pytest.raises(ConfigError):
+            parse_warm_pool(bad)
+
+
+def test_a_matching_session_is_handed_a_restored_desktop(tmp_path: Path) -> None:
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        assert len(hv.saved) == 1 and len(hv.restored) == 2
+        pooled = m.pool.ids()
+        assert all(hv.domains[i].cpu_weight == POOL_CPU_WEIGHT for i in pooled)
+        session = create(m)
+        assert session.start_kind == "warm" and session.id in pooled
+        assert set(session.start_phases_s) == {"claim_s", "clock_s", "ready_s"}
+        assert hv.domains[session.id].clock_set == 1 and session.clock_offset_s == 0.0
+        assert hv.domains[session.id].cpu_weight == DEFAULT_CPU_WEIGHT
+        assert hv.domains[session.id].restored_from is not None
+        events = lifecycle(session)
+        assert events[0]["event"] == "starting" and events[0]["start"] == "warm"
+        assert events[1]["event"] == "ready" and events[1]["start"] == "warm"
+        assert session.id not in m.pool.ids()
+        assert m.pool.wait_full(5) and len(hv.restored) == 3  # refilled
+        other = create(m, display=DisplaySpec(1024, 768))
+        assert other.start_kind == "cold" and "domain_start_s" in other.start_phases_s
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {}
+    assert not (tmp_path / "pool" / "serve-1").exists()
+
+
+def test_the_reaper_leaves_pool_domains_alone(tmp_path: Path) -> None:
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        pooled = m.pool.ids()
+        assert m.reap() == []
+        assert pooled <= set(hv.domains)
+    finally:
+        m.close_pool()
+    # A server that did not close its pool leaves domains its successor reaps.
+    hv2 = FakeHypervisor()
+    m2 = manager(tmp_path, hv2, size=1)
+    m2.pool._interval_s = 3600
+    m2.start_pool()
+    assert m2.pool.wait_full(5)
+    hv2.domains.update({"leftover0000": hv2.domains[next(iter(m2.pool.ids()))]})
+    assert m2.reap() == ["leftover0000"]
+    m2.close_pool()
+
+
+def test_pool_memory_counts_and_a_cold_session_evicts_pooled_desktops(tmp_path: Path) -> None:
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=3, max_total_memory_mib=3 * HARD_MIB)
+    m.start_pool()
+    try:
+        # The template boots within the budget; three restored desktops fill it.
+        assert m.pool.wait_full(5)
+        assert m.pool.memory_mib() == 3 * HARD_MIB
+        cold = create(m, display=DisplaySpec(1024, 768))
+        assert cold.start_kind == "cold"
+        assert m.pool.memory_mib() <= 2 * HARD_MIB
+        time.sleep(0.3)  # the refill respects the budget
+        assert m.pool.memory_mib() + HARD_MIB <= 3 * HARD_MIB
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {}
+
+
+def test_a_new_image_hash_drops_the_pool_and_builds_anew(tmp_path: Path) -> None:
+    hv = FakeHypervisor()
+    images = Images()
+    m = manager(tmp_path, hv, resolve=images)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        old = m.pool.ids()
+        images.image = BootImage("debian12-desktop", "ef" * 32, Path("/b"), Path("/k"), Path("/i"))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (
+            m.pool.status()[0]["image_hash"] != "ef" * 32 or m.pool.status()[0]["ready"] < 2
+        ):
+            time.sleep(0.02)
+        assert m.pool.status()[0]["image_hash"] == "ef" * 32
+        assert not old & set(hv.domains)
+        session = create(m)
+        assert session.start_kind == "warm" and session.spec.image.content_hash == "ef" * 32
+        assert len(hv.saved) == 2
+    finally:
+        m.close_all()
+        m.close_pool()
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "deleted"])
+def test_a_broken_saved_state_is_reported_and_sessions_boot_cold(
+    tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        state = next((tmp_path / "pool" / "serve-1").glob("*/state.save"))
+        if fault == "corrupt":
+            state.write_bytes(b"\x00garbage")
+        else:
+            state.unlink()
+        first = create(m)  # the ready desktop was restored before the fault
+        assert first.start_kind == "warm"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and m.pool.status()[0]["phase"] != "failed":
+            time.sleep(0.02)
+        status = m.pool.status()[0]
+        assert status["phase"] == "failed" and "restore failed" in status["error"]
+        assert "state.save" in status["error"]
+        assert "sessions boot cold" in caplog.text
+        second = create(m)
+        assert second.start_kind == "cold"
+        # Nothing is left of the failed restore, and the broken state is gone.
+        assert set(hv.domains) == {first.id, second.id}
+        assert not state.parent.exists()
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {}
+
+
+def test_a_failed_template_save_leaves_nothing_and_is_reported(tmp_path: Path) -> None:
+    hv = FakeHypervisor()
+    hv.fail_on.add("save")
+    m = manager(tmp_path, hv, size=1)
+    m.start_pool()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and m.pool.status()[0]["phase"] != "failed":
+            time.sleep(0.02)
+        assert "template boot or save failed" in m.pool.status()[0]["error"]
+        assert hv.domains == {} and m.pool.ids() == set()
+        assert list((tmp_path / "pool" / "serve-1").iterdir()) == []
+        assert create(m).start_kind == "cold"
+    finally:
+        m.close_all()
+        m.close_pool()
+
+
+def test_a_pool_needs_server_made_ids(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="warm pool"):
+        manager(tmp_path, FakeHypervisor(), new_id=lambda: "abcdef012345")
