@@ -3,8 +3,8 @@
 One template boot (20-60 s of TCG), one save, two restores. The two sessions must be
 distinct where it matters: 32 bytes of ``/dev/urandom`` read right after the claim differ
 (the VM generation ID changed, the guest kernel reseeded), and each guest's wall clock is
-within 1 s of the host's (set at the claim, although the state was saved earlier). Nothing
-of the pool is left once it is closed.
+within 1 s of the host's (set at the claim, although the state was saved earlier). A reset
+of one of them forgets a file it wrote. Nothing of the pool is left once it is closed.
 """
 
 from __future__ import annotations
@@ -81,6 +81,23 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
             assert t0 - 1.0 <= guest_t <= t1 + 3.0, (guest_t, t0, t1)
         assert randoms[0] != randoms[1], "two clones read the same /dev/urandom bytes"
         print(f"warm starts: {[s.start_phases_s for s in sessions]}, clock offsets {offsets}")
+
+        # Reset: what the first session wrote is gone, the desktop is back, clock set again.
+        first = sessions[0]
+        _act(first, action="type", text="touch /tmp/deskvm-mark; echo marked > /dev/ttyS1\n")
+        _wait_for(first, r"marked", 60)
+        reset_s = manager.reset(first.id).last_reset_s
+        assert first.resets == 1 and reset_s is not None
+        assert first.clock_offset_s is not None and abs(first.clock_offset_s) < 1.0
+        _focus_xterm(first)
+        _act(
+            first,
+            action="type",
+            text="test -e /tmp/deskvm-mark && echo mark=kept > /dev/ttyS1"
+            " || echo mark=gone > /dev/ttyS1\n",
+        )
+        assert _wait_for(first, r"mark=(kept|gone)", 60).group(1) == "gone"
+        print(f"reset took {reset_s:.2f} s")
     finally:
         for session in sessions:
             manager.delete(session.id)

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Cold and warm session starts, resets, and pool memory, through the real bridge.
+
+Prints, in one run against one in-process server with a warm pool of the default image:
+
+  * cold start: ``POST /v1/sessions`` until the first screenshot arrives at the client
+    ("first ready frame at the client"), for sessions that must boot (1280x768: no pool
+    desktop matches); p50/p95;
+  * warm start: the same for 1280x800 sessions handed a pool desktop, one after the other
+    while the pool refills (each session takes a screenshot and is deleted); p50/p95,
+    the slowest, how many fell back to cold, and the cold/warm ratio of the p50s;
+  * reset: ``POST /v1/sessions/{id}/reset`` of one warm session, p50/p95;
+  * memory of a pooled idle desktop: the QEMU process's resident set (libvirt's ``rss``),
+    its hard limit, and how many fit in 24 GiB by each.
+
+Run as root on a host set up by `deskvm doctor --fix` with the default image built, under
+the VM lock:
+    flock /run/deskvm-vm.lock .venv/bin/python bench/startup.py [--cold 5] [--warm 20]
+        [--resets 10] [--pool 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import time
+from typing import Any
+
+import libvirt
+
+from agent_bridge.client import Client
+from agent_bridge.runtime import BackgroundServer, build_manager
+from agent_bridge.server import create_app
+from orchestrator.hypervisor.domain_xml import domain_name
+from orchestrator.settings import Settings
+
+GIB_24_MIB = 24 * 1024
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "n=0"
+    return (
+        f"n={len(values)} p50 {pct(values, 0.5):.2f} s  p95 {pct(values, 0.95):.2f} s  "
+        f"min {min(values):.2f} s  max {max(values):.2f} s"
+    )
+
+
+def start_once(client: Client, width: int, height: int) -> tuple[float, float, dict[str, Any]]:
+    """Create a session, take one screenshot, delete it.
+
+    Returns:
+        (seconds to the create's answer, seconds to the first screenshot, session info).
+    """
+    t0 = time.monotonic()
+    session = client.create_session(width=width, height=height)
+    t_created = time.monotonic() - t0
+    try:
+        session.screenshot()
+        t_frame = time.monotonic() - t0
+        info = dict(session.info())
+    finally:
+        client.delete_session(session.id)
+    return t_created, t_frame, info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cold", type=int, default=5, help="cold starts to time")
+    parser.add_argument("--warm", type=int, default=20, help="warm starts to time")
+    parser.add_argument("--resets", type=int, default=10, help="resets to time")
+    parser.add_argument("--pool", type=int, default=2, help="warm pool size")
+    args = parser.parse_args()
+
+    base = Settings.from_env()
+    settings = base.replace(
+        state_dir=base.state_dir / f"bench-startup-{secrets.token_hex(3)}",
+        images_dir_override=base.images_dir,
+        warm_pool=f"{base.default_image}:{args.pool}",
+        max_sessions=4,
+    )
+    settings.state_dir.mkdir(mode=0o711, parents=True)
+    if base.host_file.is_file():
+        (settings.state_dir / "host.json").write_bytes(base.host_file.read_bytes())
+    token = secrets.token_urlsafe(16)
+    manager = build_manager(settings, server_name="bench-startup")
+    conn = libvirt.open("qemu:///system")
+    print(f"load {os.getloadavg()[0]:.2f}; pool {settings.warm_pool}")
+    with (
+        BackgroundServer(create_app(manager, token=token, settings=settings)) as server,
+        Client(server.url, token) as client,
+    ):
+        assert manager.pool is not None
+        t0 = time.monotonic()
+        if not manager.pool.wait_full(600):
+            raise SystemExit(f"the pool did not fill: {manager.pool.status()}")
+        (status,) = manager.pool.status()
+        print(
+            f"pool full after {time.monotonic() - t0:.1f} s: template boot "
+            f"{status['template_boot_s']:.1f} s, save {status['save_s']:.1f} s, restores "
+            f"{status['restore_s']} s"
+        )
+
+        rss_kib = []
+        pooled = manager.pool.ids()
+        for sid in pooled:
+            stats = conn.lookupByName(domain_name(sid)).memoryStats()
+            rss_kib.append(stats.get("rss", 0))
+        hard_mib = manager.pool.memory_mib() // len(pooled)
+
+        cold_created, cold_frame = [], []
+        for _ in range(args.cold):
+            created, frame, info = start_once(client, 1280, 768)
+            assert info["start"] == "cold", info
+            cold_created.append(created)
+            cold_frame.append(frame)
+
+        warm_created, warm_frame, fell_back = [], [], 0
+        for _ in range(args.warm):
+            created, frame, info = start_once(client, 1280, 800)
+            if info["start"] != "warm":
+                fell_back += 1
+                continue
+            warm_created.append(created)
+            warm_frame.append(frame)
+
+        reset_s: list[float] = []
+        if args.resets:
+            if not manager.pool.wait_full(120):
+                raise SystemExit("the pool did not refill for the reset run")
+            session = client.create_session(width=1280, height=800)
+            try:
+                assert session.info()["start"] == "warm"
+                for _ in range(args.resets):
+                    t = time.monotonic()
+                    session.reset()
+                    session.screenshot()
+                    reset_s.append(time.monotonic() - t)
+            finally:
+                client.delete_session(session.id)
+    conn.close()
+
+    print(f"cold start, create answered:    {summary(cold_created)}")
+    print(f"cold start, first frame:        {summary(cold_frame)}")
+    print(f"warm start, create answered:    {summary(warm_created)}")
+    print(f"warm start, first frame:        {summary(warm_frame)}")
+    print(f"warm claims that fell back to cold: {fell_back} of {args.warm}")
+    if cold_frame and warm_frame:
+        ratio = statistics.median(cold_frame) / statistics.median(warm_frame)
+        print(f"cold/warm ratio (p50 first frame): {ratio:.1f}x")
+    print(f"reset + first frame:            {summary(reset_s)}")
+    if rss_kib:
+        rss_mib = statistics.median(rss_kib) / 1024
+        print(
+            f"pooled idle desktop: rss {rss_mib:.0f} MiB (median of {len(rss_kib)}), hard limit "
+            f"{hard_mib} MiB; in 24 GiB: {int(GIB_24_MIB // rss_mib)} by rss, "
+            f"{GIB_24_MIB // hard_mib} by hard limit"
+        )
+
+
+if __name__ == "__main__":
+    main()
