@@ -296,7 +296,7 @@ class SessionManager:
         try:
             session = self._register(
                 warm, boot_image, display, memory_mib, vcpus, boot_timeout_s, cpu_quota_pct,
-                disk_mib, ttl_s, idle_timeout_s, autostart, egress,
+                disk_mib, ttl_s, idle_timeout_s, autostart, egress, guest_control,
             )  # fmt: skip
         except BaseException:
             if warm is not None:
@@ -333,6 +333,7 @@ class SessionManager:
         idle_timeout_s: float | None,
         autostart: Autostart | None,
         egress: EgressPolicy | None,
+        guest_control: bool,
     ) -> Session:
         """Check the limits and register a new session (its recording starts here)."""
         if warm is not None:
