@@ -106,8 +106,11 @@ class DesktopEnv:
         require_a11y_tree: put the accessibility tree into each observation (a guest
             round trip per step).
         cache_dir: where each task's fetched files go (``<cache_dir>/<task id>/``).
-        reuse_session: keep one session across resets (setup steps must then reset any
-            state a previous task left).
+        reuse_session: keep one session across resets.
+        reset_desktop: with a kept session, return its desktop to the start state before
+            each task (OSWorld's snapshot revert; a warm session restores its saved state in
+            about a second). A session that cannot (it booted cold) is used as it is: the
+            tasks' setup steps must then clear what earlier tasks left.
         session_options: keyword arguments for ``client.create_session``.
         sleep: the host's sleep (tests inject a fake).
     """
@@ -121,6 +124,7 @@ class DesktopEnv:
         require_a11y_tree: bool = False,
         cache_dir: str | Path = "cache",
         reuse_session: bool = False,
+        reset_desktop: bool = True,
         session_options: Mapping[str, Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -134,6 +138,10 @@ class DesktopEnv:
         self.require_a11y_tree = require_a11y_tree
         self.cache_dir_base = Path(cache_dir)
         self.reuse_session = reuse_session
+        self.reset_desktop = reset_desktop
+        self.desktop_restored: bool | None = None
+        """Whether the last :meth:`reset` restored the desktop's start state (``None``: a
+        new session, nothing to restore)."""
         self.session_options = dict(session_options or {})
         self.sleep = sleep
         self.client = client
@@ -151,7 +159,8 @@ class DesktopEnv:
     # --- lifecycle ----------------------------------------------------------------------
 
     def _new_session(self) -> TaskSession:
-        assert self.client is not None
+        if self.client is None:
+            raise ConfigError("the given session is gone and the env has no client to create one")
         opts = {"guest_control": True, **self.session_options}
         return ClientTaskSession(self.client.create_session(**opts))
 
@@ -202,8 +211,14 @@ class DesktopEnv:
         if task is not None:
             if self.session is not None and self._owned and not self.reuse_session:
                 self._drop_session()
+            self.desktop_restored = None
             if self.session is None:
                 self.session = self._new_session()
+            elif self.task is not None and self.reset_desktop:
+                # A kept session that already ran a task: back to its start state.
+                self.desktop_restored = self.session.reset_desktop()
+                if not self.desktop_restored:
+                    self.reset_desktop = False  # cold: it never will be; don't ask again
             cache = self.cache_dir_base / task.id
             if cache.exists():
                 shutil.rmtree(cache)

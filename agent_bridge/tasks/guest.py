@@ -93,6 +93,12 @@ class TaskSession(Protocol):
         """The session's recording directory (on the server host), if it has one."""
         ...
 
+    def reset_desktop(self) -> bool:
+        """Return the desktop to its start state (a warm session's saved state, in about a
+        second: OSWorld's snapshot revert). ``False``: this session cannot (it booted cold).
+        """
+        ...
+
     def egress_allow(self) -> list[str] | None:
         """The session's egress allowlist; ``None``: no network device at all."""
         ...
@@ -156,6 +162,15 @@ class ClientTaskSession:
 
     def recording(self) -> str | None:
         return self.session.info_at_start.recording
+
+    def reset_desktop(self) -> bool:
+        try:
+            self.session.reset()
+        except RemoteError as exc:
+            if exc.code == "reset_unavailable":
+                return False
+            raise
+        return True
 
     def egress_allow(self) -> list[str] | None:
         egress = self.session.info_at_start.raw.get("egress")
@@ -244,6 +259,7 @@ class FakeTaskSession:
     exec_handler: Callable[[list[str], str | None], FakeExec] | None = None
     allow: list[str] | None = None
     recording_dir: str | None = "/var/lib/deskvm/recordings/fake0001"
+    resettable: bool = False
     on_action: Callable[[str, Mapping[str, Any]], None] | None = None
     calls: list[tuple[str, Any]] = field(default_factory=list)
     actions: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -314,6 +330,10 @@ class FakeTaskSession:
 
     def recording(self) -> str | None:
         return self.recording_dir
+
+    def reset_desktop(self) -> bool:
+        self.calls.append(("reset_desktop", self.resettable))
+        return self.resettable
 
     def egress_allow(self) -> list[str] | None:
         return self.allow

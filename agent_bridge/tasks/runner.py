@@ -167,6 +167,17 @@ def load_agent(spec: str) -> Callable[[], Any]:
     return factory  # type: ignore[no-any-return]
 
 
+class AgentError(Exception):
+    """The agent's own code raised (the cause is the agent's exception)."""
+
+
+def _agent_call(func: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return func(*args)
+    except Exception as exc:  # whatever the agent's code raises
+        raise AgentError(str(exc)) from exc
+
+
 def _error(exc: BaseException) -> dict[str, str]:
     code = getattr(exc, "code", None) or type(exc).__name__
     message = exc.message if isinstance(exc, DeskvmError) else str(exc)
@@ -185,12 +196,12 @@ def run_one(
         outcome.session_id = env.session.id if env.session is not None else None
         outcome.recording = env.recording
         if hasattr(agent, "reset"):
-            agent.reset()
+            _agent_call(agent.reset)
         predictions = 0
         limit = task.max_steps or max_steps
         while not outcome.done and predictions < limit:
             predictions += 1
-            _response, actions = agent.predict(task.instruction, obs)
+            _response, actions = _agent_call(agent.predict, task.instruction, obs)
             for action in actions or []:
                 obs, _reward, done, info = env.step(action)
                 outcome.steps += 1
@@ -208,8 +219,9 @@ def run_one(
         env.session = None
     except (DeskvmError, RemoteError) as exc:
         outcome.error = _error(exc)
-    except Exception as exc:  # the agent's own code: report it, go on with the next task
-        outcome.error = {"code": "agent_error", "message": f"{type(exc).__name__}: {exc}"}
+    except AgentError as exc:  # the agent's own code: report it, go on with the next task
+        cause = exc.__cause__
+        outcome.error = {"code": "agent_error", "message": f"{type(cause).__name__}: {cause}"}
     outcome.duration_s = round(time.monotonic() - t0, 2)
     if out_dir is not None and obs is not None and isinstance(obs.get("screenshot"), bytes):
         shot = out_dir / task.id / "final.png"

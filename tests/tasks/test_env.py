@@ -319,3 +319,25 @@ def test_example_agents_answer_every_example_task() -> None:
         for cls in (agents.SolvingAgent, agents.FailingAgent):
             _, actions = cls().predict(t.instruction, {})
             assert actions[-1] == "DONE" and len(actions) > 1, (t.id, cls)
+
+
+def test_a_kept_session_is_reset_to_its_start_state_between_tasks(tmp_path: Path) -> None:
+    fake = FakeTaskSession(resettable=True)
+    env = make_env(fake, tmp_path)
+    env.reset(hello_task())
+    assert env.desktop_restored is None  # the first task: nothing to restore
+    env.reset(hello_task())
+    env.reset(hello_task())
+    assert env.desktop_restored is True
+    assert [c for c in fake.calls if c[0] == "reset_desktop"] == [("reset_desktop", True)] * 2
+    cold = FakeTaskSession(resettable=False)
+    env = make_env(cold, tmp_path)
+    for _ in range(3):
+        env.reset(hello_task())
+    assert env.desktop_restored is None  # asked once, then never again
+    assert [c for c in cold.calls if c[0] == "reset_desktop"] == [("reset_desktop", False)]
+    off = FakeTaskSession(resettable=True)
+    env = make_env(off, tmp_path, reset_desktop=False)
+    env.reset(hello_task())
+    env.reset(hello_task())
+    assert not [c for c in off.calls if c[0] == "reset_desktop"]
