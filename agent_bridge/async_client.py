@@ -166,6 +166,7 @@ class AsyncClient:
         autostart: str | None = None,
         takeover: Mapping[str, Any] | None = None,
         guest_control: bool = False,
+        keyboard_layout: str | None = None,
     ) -> AsyncSession:
         """Create a session and wait until its desktop is drawn.
 
@@ -184,6 +185,7 @@ class AsyncClient:
             cpu_quota_pct=cpu_quota_pct, disk_mib=disk_mib, ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s, approval=approval, egress_allow=egress_allow,
             autostart=autostart, takeover=takeover, guest_control=guest_control,
+            keyboard_layout=keyboard_layout,
         )  # fmt: skip
         response = await self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return AsyncSession(self, SessionInfo.from_json(response.json()))

@@ -347,6 +347,7 @@ def create_body(
     autostart: str | None,
     takeover: Mapping[str, Any] | None = None,
     guest_control: bool = False,
+    keyboard_layout: str | None = None,
 ) -> tuple[dict[str, Any], float]:
     """The ``POST /v1/sessions`` body and how long to wait for its answer (seconds).
 
@@ -370,6 +371,7 @@ def create_body(
         ("approval", dict(approval) if approval is not None else None),
         ("autostart", autostart),
         ("takeover", dict(takeover) if takeover is not None else None),
+        ("keyboard_layout", keyboard_layout),
     ):
         if value is not None:
             body[key] = value
@@ -647,6 +649,7 @@ class Client:
         autostart: str | None = None,
         takeover: Mapping[str, Any] | None = None,
         guest_control: bool = False,
+        keyboard_layout: str | None = None,
     ) -> Session:
         """Create a session and wait until its desktop is drawn.
 
@@ -673,6 +676,8 @@ class Client:
             guest_control: allow the guest control plane on this session (:meth:`Session.exec`,
                 files, clipboard, windows, accessibility tree, resolution; needs a token of
                 scope ``exec``). Off by default.
+            keyboard_layout: the guest's keyboard layout, ``"us"``, ``"de"`` or ``"fr"``
+                (typing and key combos follow it); ``None``: the image's.
 
         Returns:
             The ready session (its WebSocket opens on the first action).
@@ -690,6 +695,7 @@ class Client:
             cpu_quota_pct=cpu_quota_pct, disk_mib=disk_mib, ttl_s=ttl_s,
             idle_timeout_s=idle_timeout_s, approval=approval, egress_allow=egress_allow,
             autostart=autostart, takeover=takeover, guest_control=guest_control,
+            keyboard_layout=keyboard_layout,
         )  # fmt: skip
         response = self._request("POST", "/v1/sessions", json=body, timeout_s=wait_s)
         return Session(self, SessionInfo.from_json(response.json()))

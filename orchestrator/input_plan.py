@@ -10,9 +10,14 @@ see :mod:`orchestrator.display.qmp`) keys need no fixed pause: key steps pause
 text is one batch (its modifier presses, key press and release, modifier releases), which
 cuts the round trips to QEMU per character from two or four to one.
 
+Keys follow the guest's keyboard layout (``keyboard_layout``): typed text becomes the keys
+that produce each character on that layout, and key combos the keys that give the same
+keysyms there (``ctrl+z`` on ``de`` presses the key US calls ``y``); see
+:func:`agent_bridge.protocol.keys.layout_combos`.
+
 Two inputs have no QEMU path and become :class:`HelperStep` requests to the in-guest helper
-(:mod:`orchestrator.display.guest_helper`): text with a character that has no key on the US
-layout (the whole text goes to the helper, so its characters stay in order), and the
+(:mod:`orchestrator.display.guest_helper`): text with a character that has no key on the
+guest's layout (the whole text goes to the helper, so its characters stay in order), and the
 horizontal wheel when the display has none (QEMU before 8.1).
 """
 
@@ -35,7 +40,7 @@ from agent_bridge.protocol.actions import (
     Scroll,
     Type,
 )
-from agent_bridge.protocol.keys import KeyCombo, text_to_combos
+from agent_bridge.protocol.keys import KeyCombo, layout_combos, text_to_combos
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent, WheelEvent
 from orchestrator.errors import ActionError
 
@@ -182,6 +187,7 @@ def plan_action(
     horizontal_wheel: bool = True,
     cursor: tuple[int, int] = (0, 0),
     key_flow_control: bool = False,
+    keyboard_layout: str = "us",
 ) -> list[PlanStep]:
     """The paced input steps that carry out ``action`` (empty for non-input actions).
 
@@ -197,15 +203,20 @@ def plan_action(
             without coordinates done by the helper.
         key_flow_control: the display waits for the guest before each key batch: key
             steps pause ``pacing.key_flow_s`` and each typed character is one batch.
+        keyboard_layout: the guest's layout (:data:`agent_bridge.protocol.keys.KEYBOARD_LAYOUTS`).
 
     Returns:
         :class:`Step` batches for QEMU and :class:`HelperStep` requests, in order. Text
-        with a character that has no US key is one ``HelperStep("type")`` for the whole
-        text; the caller decides whether a helper is there to take it.
+        with a character that has no key on the layout is one ``HelperStep("type")`` for the
+        whole text; the caller decides whether a helper is there to take it.
+
+    Raises:
+        ActionError: ``unknown_key``: a key combo names a character that has no key on
+            ``keyboard_layout``.
     """
     if key_flow_control:
         pacing = replace(pacing, key_s=pacing.key_flow_s)
-    return list(_plan(action, pacing, horizontal_wheel, cursor, key_flow_control))
+    return list(_plan(action, pacing, horizontal_wheel, cursor, key_flow_control, keyboard_layout))
 
 
 def _plan(
@@ -214,7 +225,10 @@ def _plan(
     horizontal_wheel: bool,
     cursor: tuple[int, int],
     batch_chars: bool,
+    layout: str,
 ) -> Sequence[PlanStep]:
+    if isinstance(action, Move | Click | Drag | Scroll) and action.hold is not None:
+        action = replace(action, hold=_single(action.hold, layout))
     match action:
         case Move(x=x, y=y, hold=hold):
             if hold is None:
@@ -259,7 +273,7 @@ def _plan(
             return plan
         case Type(text=text):
             try:
-                combos = text_to_combos(text)
+                combos = text_to_combos(text, layout)
             except ActionError:
                 return [HelperStep("type", {"text": text}, pacing.key_s)]
             if batch_chars:
@@ -271,15 +285,22 @@ def _plan(
         case Key(combos=combos):
             steps = []
             for combo in combos:
-                steps += _tap(combo, pacing)
+                for keys in layout_combos(combo, layout):
+                    steps += _tap(keys, pacing)
             return steps
         case HoldKey(combo=combo, duration_ms=ms):
+            combo = _single(combo, layout)
             held = _press(combo, pacing)
             if held:
                 held[-1] = Step(held[-1].events, max(held[-1].pause_s, ms / 1000))
             return held + _release(combo, pacing)
         case _:
             return []
+
+
+def _single(combo: KeyCombo, layout: str) -> KeyCombo:
+    """``combo`` on ``layout`` as one combo (a dead key stays the dead key)."""
+    return layout_combos(combo, layout, sequence=False)[0]
 
 
 def release_all(keys: set[str], buttons: set[str]) -> Step:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_bridge.protocol.keys import KeyboardLayout
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.egress.base import Egress
 from orchestrator.errors import (
@@ -250,6 +251,7 @@ class SessionManager:
         autostart: Autostart | None = None,
         egress: EgressPolicy | None = None,
         guest_control: bool = False,
+        keyboard_layout: KeyboardLayout | None = None,
     ) -> Session:
         """Start a session and block until its desktop is drawn.
 
@@ -264,6 +266,8 @@ class SessionManager:
                 all. An empty policy gets a NIC, DHCP and a resolver that answers nothing.
             guest_control: allow the guest control plane (exec, files, clipboard...) on
                 this session; off by default.
+            keyboard_layout: the guest's keyboard layout (``us``, ``de``, ``fr``); ``None``:
+                the image's.
 
         Raises:
             CapacityError: ``over_capacity`` (``max_sessions`` are live already) or
@@ -358,6 +362,7 @@ class SessionManager:
             autostart=autostart,
             egress=egress,
             guest_control=guest_control,
+            keyboard_layout=keyboard_layout,
         )
         with self._lock:
             if len(self._live) >= self._max_sessions:

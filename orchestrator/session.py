@@ -443,6 +443,7 @@ class Session:
                 "accel": self._hypervisor.accel,
                 "network": self._nic is not None or self.spec.egress is not None,
                 **({"autostart": self.spec.autostart} if self.spec.autostart else {}),
+                **({"keyboard_layout": self.spec.layout} if self.spec.keyboard_layout else {}),
             },
         )
         self._persist_quietly()  # "starting": a restart tears such a session down
@@ -1337,6 +1338,7 @@ class Session:
             horizontal_wheel=hwheel,
             cursor=self._cursor,
             key_flow_control=self._key_flow_control(),
+            keyboard_layout=self.spec.layout,
         )
         needs = next((s for s in steps if isinstance(s, HelperStep)), None)
         if needs is None:
@@ -1354,11 +1356,14 @@ class Session:
             return steps
         if needs.op == "type":
             try:
-                text_to_combos(needs.args["text"])
+                text_to_combos(needs.args["text"], self.spec.layout)
             except ActionError as exc:
                 what = exc.message
                 if isinstance(action, Type) and action.secret:
-                    what = "the text has a character with no key on the guest's US layout"
+                    what = (
+                        "the text has a character with no key on the guest's "
+                        f"{self.spec.layout} keyboard layout"
+                    )
                 raise ActionError(
                     f"{what}; such text is typed by the in-guest helper, which is not "
                     f"available: {reason}",
@@ -1378,22 +1383,23 @@ class Session:
             self._key_flow = self._domain.display.key_flow_control()
         return self._key_flow
 
-    @staticmethod
-    def _check_helper_text(text: str, hello: Mapping[str, Any], action: Action) -> None:
+    def _check_helper_text(self, text: str, hello: Mapping[str, Any], action: Action) -> None:
         """Refuse (before any input) text the helper cannot type in one request."""
         if len(text) > HELPER_MAX_TEXT_CHARS:
             raise ActionError(
-                f"text with characters that have no US key is typed by the guest helper, at "
+                "text with characters that have no key on the guest's layout is typed by the "
+                f"guest helper, at "
                 f"most {HELPER_MAX_TEXT_CHARS} characters per action: send it in parts",
                 code="untypeable_text",
             )
         spare = hello.get("spare_keycodes")
         if not isinstance(spare, int):
             return
-        distinct = len({c for c in text if not _has_us_key(c)})
+        layout = self.spec.layout
+        distinct = len({c for c in text if not _has_key(c, layout)})
         if distinct > spare:
             raise ActionError(
-                f"the text has {distinct} different characters with no US key; the guest "
+                f"the text has {distinct} different characters with no {layout} key; the guest "
                 f"helper types at most {spare} different ones per action (its spare "
                 "keycodes, never rebound within an action): send it in parts",
                 code="untypeable_text",
@@ -1641,9 +1647,9 @@ def supported_sizes_hint(width_px: int, height_px: int, memory_kib: int) -> str:
     )
 
 
-def _has_us_key(char: str) -> bool:
+def _has_key(char: str, layout: str) -> bool:
     try:
-        text_to_combos(char)
+        text_to_combos(char, layout)
     except ActionError:
         return False
     return True

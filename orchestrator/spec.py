@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from agent_bridge.protocol.keys import KEYBOARD_LAYOUTS, KeyboardLayout
 from orchestrator.errors import ConfigError
 
 __all__ = [
@@ -201,6 +202,8 @@ class BootImage:
             no key on the US layout, horizontal wheel), or ``None`` for an image without one.
         ready: the rest of the readiness frame check (shares, bands such as a panel).
         boot: ``direct``, ``bios`` or ``uefi`` (:data:`BootMode`).
+        keyboard_layout: the XKB layout the image's X server starts with (its recipe's
+            ``desktop.keyboard_layout``); a session may ask for another.
     """
 
     name: str
@@ -213,6 +216,7 @@ class BootImage:
     helper_port: str | None = None
     ready: ReadyCheck = field(default_factory=ReadyCheck)
     boot: BootMode = "direct"
+    keyboard_layout: str = "us"
 
     def __post_init__(self) -> None:
         if self.boot == "direct" and (self.kernel_path is None or self.initrd_path is None):
@@ -438,6 +442,10 @@ class SessionSpec:
         guest_control: whether the guest control plane (exec, files, clipboard, windows,
             accessibility tree, resolution; :mod:`agent_bridge.protocol.guest`) may be used
             on this session. Off by default; fixed at creation.
+        keyboard_layout: the guest's keyboard layout for this session (one of
+            :data:`~agent_bridge.protocol.keys.KEYBOARD_LAYOUTS`), passed to the guest as
+            ``deskvm.keyboard_layout=NAME``; ``None``: the image's. Typing and key combos
+            follow it (:attr:`layout`).
     """
 
     session_id: str
@@ -454,9 +462,21 @@ class SessionSpec:
     idle_timeout_s: float | None = None
     autostart: Autostart | None = None
     guest_control: bool = False
+    keyboard_layout: KeyboardLayout | None = None
 
     def __post_init__(self) -> None:
         validate_session_id(self.session_id)
+        if self.keyboard_layout is not None and self.keyboard_layout not in KEYBOARD_LAYOUTS:
+            raise ConfigError(
+                f"keyboard_layout {self.keyboard_layout!r} is not one of: "
+                f"{', '.join(KEYBOARD_LAYOUTS)}"
+            )
+        if self.layout not in KEYBOARD_LAYOUTS:
+            raise ConfigError(
+                f"image {self.image.name!r} has keyboard layout {self.layout!r}, which deskvm "
+                f"has no key table for; ask for keyboard_layout one of: "
+                f"{', '.join(KEYBOARD_LAYOUTS)}"
+            )
         if self.autostart is not None and self.autostart not in AUTOSTARTS:
             raise ConfigError(
                 f"autostart {self.autostart!r} is not one of: {', '.join(AUTOSTARTS)}"
@@ -479,3 +499,8 @@ class SessionSpec:
             raise ConfigError(f"vcpus {self.vcpus} is outside 1..16")
         if self.boot_timeout_s <= 0:
             raise ConfigError("boot_timeout_s must be positive")
+
+    @property
+    def layout(self) -> str:
+        """The guest's keyboard layout: :attr:`keyboard_layout`, else the image's."""
+        return self.keyboard_layout or self.image.keyboard_layout

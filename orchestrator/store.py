@@ -66,6 +66,7 @@ def spec_to_json(spec: SessionSpec) -> dict[str, Any]:
             "kernel_cmdline": image.kernel_cmdline,
             "background_rgb": list(image.background_rgb),
             "helper_port": image.helper_port,
+            "keyboard_layout": image.keyboard_layout,
         },
         "display": [spec.display.width_px, spec.display.height_px],
         "memory_mib": spec.memory_mib,
@@ -79,6 +80,7 @@ def spec_to_json(spec: SessionSpec) -> dict[str, Any]:
         "idle_timeout_s": spec.idle_timeout_s,
         "autostart": spec.autostart,
         "guest_control": spec.guest_control,
+        "keyboard_layout": spec.keyboard_layout,
     }
 
 
@@ -103,6 +105,7 @@ def spec_from_json(data: dict[str, Any]) -> SessionSpec:
                 kernel_cmdline=str(image["kernel_cmdline"]),
                 background_rgb=tuple(int(v) for v in image["background_rgb"]),  # type: ignore[arg-type]
                 helper_port=image.get("helper_port"),
+                keyboard_layout=str(image.get("keyboard_layout", "us")),
             ),
             display=DisplaySpec(int(width), int(height)),
             memory_mib=int(data["memory_mib"]),
@@ -116,6 +119,7 @@ def spec_from_json(data: dict[str, Any]) -> SessionSpec:
             idle_timeout_s=data.get("idle_timeout_s"),
             autostart=data.get("autostart"),
             guest_control=bool(data.get("guest_control", False)),
+            keyboard_layout=data.get("keyboard_layout"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"not a session spec: {exc!r}") from exc

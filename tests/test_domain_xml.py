@@ -211,3 +211,30 @@ def test_the_keyboard_is_virtio_under_the_alias_the_display_reads() -> None:
     assert KEYBOARD_ALIAS.startswith("ua-")
     path = keyboard_qom_path(KEYBOARD_ALIAS)
     assert path == "/machine/peripheral/ua-deskvm-keyboard/virtio-backend"
+
+
+def test_keyboard_layout_reaches_the_guest_as_an_option() -> None:
+    """A session's layout is a kernel option (direct boot) or an OEM string (bios/uefi);
+    none is passed when the session takes the image's layout."""
+    de = dataclasses.replace(SPEC, keyboard_layout="de")
+    root = ET.fromstring(render_domain_xml(de, PATHS, accel="tcg", created=CREATED))
+    assert (root.findtext("os/cmdline") or "").endswith(
+        "deskvm.display=1280x800 deskvm.keyboard_layout=de"
+    )
+    assert de.layout == "de" and SPEC.layout == "us"
+    image = dataclasses.replace(
+        IMAGE, kernel_path=None, initrd_path=None, kernel_cmdline="", boot="bios"
+    )
+    fr = dataclasses.replace(SPEC, image=image, keyboard_layout="fr")
+    root = ET.fromstring(render_domain_xml(fr, PATHS, accel="tcg", created=CREATED))
+    entries = [e.text for e in root.findall("sysinfo/oemStrings/entry")]
+    assert entries == ["deskvm.display=1280x800", "deskvm.keyboard_layout=fr"]
+
+
+def test_keyboard_layouts_without_a_table_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="keyboard_layout 'es' is not one of: us, de, fr"):
+        SessionSpec("abcdef012345", IMAGE, keyboard_layout="es")  # type: ignore[arg-type]
+    spanish_image = dataclasses.replace(IMAGE, keyboard_layout="es")
+    with pytest.raises(ConfigError, match="has keyboard layout 'es'"):
+        SessionSpec("abcdef012345", spanish_image)
+    assert SessionSpec("abcdef012345", spanish_image, keyboard_layout="de").layout == "de"

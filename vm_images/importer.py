@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, ValidationError
 
+from agent_bridge.protocol.keys import KeyboardLayout
 from orchestrator.errors import HostSetupError, ImageBuildError, ImageNotFound
 from orchestrator.spec import BootImage
 from vm_images.recipe import NAME_RE, ReadyModel, RecipeError, _explain, _Strict
@@ -61,7 +62,7 @@ class ImportMetadata(_Strict):
     background_rgb: list[Channel] = Field(
         default_factory=lambda: [0x2E, 0x4A, 0x62], min_length=3, max_length=3
     )
-    keyboard_layout: Annotated[str, StringConstraints(pattern=r"^[a-z]{2,8}$")] = "us"
+    keyboard_layout: KeyboardLayout = "us"
     ready: ReadyModel = Field(default_factory=lambda: ReadyModel.model_validate({}))
     guest_os: Annotated[str, StringConstraints(max_length=64)] = ""
     built_by: Annotated[str, StringConstraints(max_length=64)] = ""

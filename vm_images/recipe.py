@@ -54,6 +54,7 @@ from pydantic import (
     model_validator,
 )
 
+from agent_bridge.protocol.keys import KEYBOARD_LAYOUTS
 from orchestrator.errors import ImageBuildError, ImageNotFound
 from orchestrator.spec import ReadyRegion
 
@@ -233,6 +234,11 @@ class DesktopSection(_Strict):
                 )
         elif not re.fullmatch(r"[a-z]{2,8}", value):
             raise ValueError(f"{value!r} is not an XKB layout name (2-8 lowercase letters)")
+        if value not in KEYBOARD_LAYOUTS:
+            raise ValueError(
+                f"deskvm has no key table for layout {value!r} (allowed: "
+                f"{', '.join(KEYBOARD_LAYOUTS)}; tables: python -m vm_images.keyboard_tables)"
+            )
         return value
 
 

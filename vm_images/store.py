@@ -189,6 +189,7 @@ def boot_image(image_dir: Path, meta: dict[str, Any]) -> BootImage:
                 regions=regions,
             ),
             boot=cast(BootMode, boot),
+            keyboard_layout=str(meta.get("keyboard_layout", "us")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ImageBuildError(f"{image_dir / 'image.json'} is malformed: {exc}") from exc

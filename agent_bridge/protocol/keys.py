@@ -1,7 +1,16 @@
-"""Key names, key combos and text, mapped to QEMU qcodes on a US keyboard layout.
+"""Key names, key combos and text, mapped to QEMU qcodes; keyboard layouts.
 
 A *qcode* is a name from QEMU's QMP ``QKeyCode`` enum (``"ctrl"``, ``"a"``, ``"ret"``,
 ``"kp_enter"``...): the physical key the guest receives through ``input-send-event``.
+
+Parsing names keys as they are on the US layout: a parsed :class:`KeyCombo` means "the keys
+that give these keysyms on US" (``ctrl+z`` is ``("ctrl", "z")``). The session's guest may use
+another layout (:data:`KEYBOARD_LAYOUTS`); just before injection :func:`layout_combos` maps a
+combo to the keys that give the *same keysyms* on that layout (``ctrl+z`` on ``de`` is
+``("ctrl", "y")``: undo stays undo) and :func:`text_to_combos` types text with that layout's
+keys (``@`` on ``de`` is AltGr+Q, ``^`` the dead circumflex then Space). The per-layout tables
+(:mod:`agent_bridge.protocol.layout_tables`) are generated from XKB data by
+``python -m vm_images.keyboard_tables``.
 
 Accepted key names (case-insensitive): X11 keysym names as xdotool spells them
 (``Return``, ``KP_Enter``, ``Control_L``, ``Super_L``, ``BackSpace``, ``Page_Up``,
@@ -13,19 +22,31 @@ a key on the US layout (a shifted character such as ``"?"`` implies shift).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
+from agent_bridge.protocol.layout_tables import TABLES
 from orchestrator.errors import ActionError
 
 __all__ = [
+    "KEYBOARD_LAYOUTS",
     "MODIFIER_QCODES",
     "KeyCombo",
+    "KeyboardLayout",
     "char_to_combo",
     "combo_text",
     "key_to_combo",
+    "layout_combos",
     "parse_combo",
     "parse_combos",
     "text_to_combos",
 ]
+
+KeyboardLayout = Literal["us", "de", "fr"]
+"""A guest keyboard layout deskvm types on (XKB layout name, model pc105, no variant)."""
+
+KEYBOARD_LAYOUTS: tuple[str, ...] = get_args(KeyboardLayout)
+"""The closed set of :data:`KeyboardLayout` names (each has a generated table)."""
+assert set(KEYBOARD_LAYOUTS) == set(TABLES), "layout_tables.py and KeyboardLayout disagree"
 
 MODIFIER_QCODES = frozenset(
     {"shift", "shift_r", "ctrl", "ctrl_r", "alt", "alt_r", "meta_l", "meta_r"}
@@ -212,13 +233,101 @@ def parse_combos(spec: str) -> tuple[KeyCombo, ...]:
     return combos
 
 
-def text_to_combos(text: str) -> list[KeyCombo]:
-    """Keystrokes that type ``text`` on a US layout (``\\n`` -> Return, ``\\t`` -> Tab).
+def text_to_combos(text: str, layout: str = "us") -> list[KeyCombo]:
+    """Keystrokes that type ``text`` on ``layout`` (``\\n`` -> Return, ``\\t`` -> Tab).
+
+    A character that needs a dead key is two keystrokes (``^`` on ``de``: the dead
+    circumflex, then Space).
+
+    Args:
+        text: the text.
+        layout: one of :data:`KEYBOARD_LAYOUTS`.
 
     Raises:
-        ActionError: code ``untypeable_text`` naming the first character with no key.
+        ActionError: code ``untypeable_text`` naming the first character with no key on
+            ``layout``; ``unknown_layout`` for a layout deskvm has no table for.
     """
-    return [char_to_combo(ch) for ch in text]
+    table = _table(layout)
+    combos: list[KeyCombo] = []
+    for ch in text:
+        if ch in _CONTROL_KEYS:
+            combos.append(KeyCombo((_CONTROL_KEYS[ch],)))
+            continue
+        strokes = table.get(ch)
+        if strokes is None:
+            raise ActionError(
+                f"character {ch!r} (U+{ord(ch):04X}) has no key on the guest's "
+                f"{_LAYOUT_TITLE.get(layout, layout)} keyboard layout",
+                code="untypeable_text",
+            )
+        combos.extend(KeyCombo(stroke) for stroke in strokes)
+    return combos
+
+
+_CONTROL_KEYS = {"\n": "ret", "\r": "ret", "\t": "tab"}
+_LAYOUT_TITLE = {"us": "US", "de": "German (de)", "fr": "French (fr)"}
+_SHIFTS = ("shift", "shift_r")
+
+
+def _table(layout: str) -> dict[str, tuple[tuple[str, ...], ...]]:
+    try:
+        return TABLES[layout]
+    except KeyError:
+        raise ActionError(
+            f"keyboard layout {layout!r} is not one of: {', '.join(KEYBOARD_LAYOUTS)}",
+            code="unknown_layout",
+        ) from None
+
+
+def layout_combos(combo: KeyCombo, layout: str, *, sequence: bool = True) -> tuple[KeyCombo, ...]:
+    """The keys that give ``combo``'s keysyms on ``layout`` (``combo`` is parsed, US keys).
+
+    Each character key of ``combo`` becomes the key (and Shift/AltGr) that gives the same
+    character on ``layout``; ctrl, alt and meta stay; keys without a character (F-keys,
+    Return, arrows, keypad) stay. ``ctrl+z`` on ``de`` -> ``ctrl+y``; ``ctrl+shift+t`` ->
+    ``ctrl+shift+t``; ``ctrl++`` on ``de`` -> ``ctrl+bracket_right`` (``+`` is unshifted
+    there). A character only a dead key gives: alone (no ctrl/alt/meta) and with
+    ``sequence``, the dead key then its second key (it types the character); otherwise the
+    dead key itself.
+
+    Returns:
+        ``(combo,)`` on ``us``; one or (a dead-key sequence) two combos otherwise.
+
+    Raises:
+        ActionError: ``unknown_key`` when a character of the combo has no key on
+            ``layout``; ``unknown_layout`` for an unsupported layout.
+    """
+    table = _table(layout)
+    if layout == "us":
+        return (combo,)
+    mods = [q for q in combo.qcodes if q in MODIFIER_QCODES]
+    keys = [q for q in combo.qcodes if q not in MODIFIER_QCODES]
+    if not any(q in _US_KEYS for q in keys):
+        return (combo,)
+    shifted = any(q in _SHIFTS for q in mods)
+    only_chars = all(q in _US_KEYS for q in keys)
+    kept = [q for q in mods if q not in _SHIFTS or not only_chars]
+    added: list[str] = []
+    targets: list[str] = []
+    for qcode in keys:
+        if qcode not in _US_KEYS:
+            targets.append(qcode)
+            continue
+        char = _US_KEYS[qcode][1 if shifted else 0]
+        strokes = table.get(char)
+        if strokes is None:
+            raise ActionError(
+                f"key {char!r} has no key on the guest's {_LAYOUT_TITLE[layout]} keyboard layout",
+                code="unknown_key",
+            )
+        if len(strokes) > 1 and sequence and not kept and len(keys) == 1:
+            return tuple(KeyCombo(stroke) for stroke in strokes)
+        stroke = strokes[0]
+        added += [q for q in stroke[:-1] if q not in added]
+        targets.append(stroke[-1])
+    qcodes = [*kept, *(q for q in added if q not in kept)]
+    qcodes += [q for q in targets if q not in qcodes]
+    return (KeyCombo(tuple(qcodes)),)
 
 
 _KEYPAD_TEXT: dict[str, str] = {

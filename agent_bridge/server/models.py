@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_bridge.protocol.actions import action_to_dict
+from agent_bridge.protocol.keys import KeyboardLayout
 from agent_bridge.tokens import Claims
 from orchestrator.approval import ApprovalPolicy, PendingAction
 from orchestrator.hypervisor.domain_xml import hard_limit_mib
@@ -280,6 +281,11 @@ class CreateSessionRequest(_Strict):
         None,
         description="network allowlist; absent or null: the guest has no network device",
     )
+    keyboard_layout: KeyboardLayout | None = Field(
+        None,
+        description="the guest's XKB keyboard layout: 'us', 'de' or 'fr' (typing and key combos"
+        " follow it: 'z' on 'de' is the key US calls 'y', ctrl+z stays undo); null: the image's",
+    )
     takeover: TakeoverPolicyModel | None = Field(
         None, description="the agent's input while a person has taken over; null: refuse"
     )
@@ -375,6 +381,7 @@ class SessionInfo(BaseModel):
     limits: LimitsModel | None = None
     autostart: str | None = Field(None, description="what the guest started instead of the xterm")
     guest_control: bool = Field(False, description="whether the guest control plane is on")
+    keyboard_layout: str = Field("us", description="the guest's keyboard layout (XKB name)")
     egress: EgressInfo | None = Field(None, description="null: no network device at all")
     expires_at: datetime | None = Field(
         None, description="UTC, when ttl_s runs out (PATCH ttl_s to move it); null: never"
@@ -424,6 +431,7 @@ class SessionInfo(BaseModel):
             closed_reason=session.closed_reason,
             autostart=spec.autostart,
             guest_control=spec.guest_control,
+            keyboard_layout=spec.layout,
             limits=LimitsModel(
                 memory_hard_limit_mib=hard_limit_mib(spec),
                 cpu_quota_pct=spec.cpu_quota_pct,

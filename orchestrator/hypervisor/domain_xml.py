@@ -101,8 +101,8 @@ def render_domain_xml(
     """The domain XML for one session.
 
     The domain has: the overlay as its only disk (virtio), direct kernel boot with
-    ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME`` when the spec asks for one)
-    appended to the image's command line (images that boot themselves, ``boot`` ``bios`` or
+    ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME``, ``deskvm.keyboard_layout=NAME``
+    when the spec asks for them) appended to the image's command line (images that boot themselves, ``boot`` ``bios`` or
     ``uefi``, get these options as SMBIOS OEM strings; UEFI without secure boot, the
     variable store in ``paths.nvram``), a VM generation ID ``<genid/>`` (restored copies of
     a saved domain get new ones: the guest reseeds its RNG), a virtio tablet (absolute
@@ -161,6 +161,8 @@ def render_domain_xml(
     options = [f"deskvm.display={display.width_px}x{display.height_px}"]
     if spec.autostart is not None:
         options.append(f"deskvm.autostart={spec.autostart}")
+    if spec.keyboard_layout is not None:
+        options.append(f"deskvm.keyboard_layout={spec.keyboard_layout}")
     if nic is not None:
         # With a NIC, ask systemd (systemd-debug-generator) for DHCP and a resolver: the
         # image keeps both disabled so that sessions without network pay nothing for them.

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from starlette.websockets import WebSocketDisconnect
 
-from orchestrator.display.base import AbsMove
+from orchestrator.display.base import AbsMove, KeyEvent
 from orchestrator.hypervisor.fake import FakeHypervisor
 
 
@@ -86,3 +86,28 @@ def test_bad_scaling_query_is_explained_then_closed(client: TestClient, query: s
         with pytest.raises(WebSocketDisconnect) as info:
             ws.receive_json()
     assert info.value.code == 1008
+
+
+def test_keyboard_layout_is_passed_and_typing_follows_it(
+    client: TestClient, hypervisor: FakeHypervisor
+) -> None:
+    """The session's layout reaches the domain; ``z`` on ``de`` is the key US calls ``y``
+    and ``ctrl+z`` keeps its keysym (KEY_Y with ctrl)."""
+    info = _create(client, keyboard_layout="de")
+    assert info["keyboard_layout"] == "de"
+    domain = hypervisor.domains[info["id"]]
+    assert domain.spec.keyboard_layout == "de"
+    display = domain.display
+    with client.websocket_connect(f"/v1/sessions/{info['id']}/ws") as ws:
+        assert _ask(ws, {"id": 1, "action": "type", "text": "z"})["ok"] is True
+        assert _ask(ws, {"id": 2, "action": "key", "keys": "ctrl+z"})["ok"] is True
+    downs = [e.qcode for e in display.events if isinstance(e, KeyEvent) and e.down]
+    assert downs[-3:] == ["y", "ctrl", "y"]
+    assert _create(client)["keyboard_layout"] == "us"
+
+
+def test_keyboard_layout_outside_the_closed_set_is_refused(client: TestClient) -> None:
+    response = client.post("/v1/sessions", json={"keyboard_layout": "es"})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert "keyboard_layout" in response.json()["error"]["message"]

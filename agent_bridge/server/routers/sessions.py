@@ -90,6 +90,7 @@ async def create_session(
             autostart=body.autostart,
             egress=egress_policy,
             guest_control=body.guest_control,
+            keyboard_layout=body.keyboard_layout,
         )
 
     session = await _run_unless_disconnected(request, create, started, bridge)
