@@ -1399,8 +1399,8 @@ class Session:
         distinct = len({c for c in text if not _has_key(c, layout)})
         if distinct > spare:
             raise ActionError(
-                f"the text has {distinct} different characters with no {layout} key; the guest "
-                f"helper types at most {spare} different ones per action (its spare "
+                f"the text has {distinct} different characters with no {layout.upper()} key; "
+                f"the guest helper types at most {spare} different ones per action (its spare "
                 "keycodes, never rebound within an action): send it in parts",
                 code="untypeable_text",
             )
