@@ -16,6 +16,7 @@ import pytest
 from xkbcommon import xkb
 
 from agent_bridge.protocol import parse_deskvm_action
+from agent_bridge.protocol.actions import Type
 from agent_bridge.protocol.keys import (
     _CHAR_TO_KEY,
     KEYBOARD_LAYOUTS,
@@ -130,6 +131,9 @@ def _play(context: xkb.Context, keymap: xkb.Keymap, strokes: tuple[tuple[str, ..
     compose = _compose_table(context).compose_state_new()
     out = ""
     for stroke in strokes:
+        if stroke == ("ret",) or stroke == ("tab",):
+            out += "\n" if stroke == ("ret",) else "\t"
+            continue
         state = keymap.state_new()
         for qcode in stroke[:-1]:
             state.update_key(MODIFIER_EVDEV[qcode] + 8, xkb.KeyDirection.XKB_KEY_DOWN)
@@ -247,3 +251,38 @@ def test_a_combo_with_a_character_the_layout_lacks_is_refused() -> None:
         assert info.value.code == "unknown_key"
     finally:
         TABLES["de"] = saved
+
+
+# --- every vocabulary's typed text, planned on each layout, is the text ------------------
+
+
+@pytest.mark.parametrize("layout", KEYBOARD_LAYOUTS)
+def test_fidelity_type_cases_in_every_vocabulary_on_each_layout(layout: str) -> None:
+    """The shared fidelity cases' texts, parsed by every vocabulary and planned on the
+    layout: either the keys X turns back into exactly that text, or (a character the layout
+    lacks) one helper request with the whole text."""
+    from agent_bridge.protocol.vocab import get_vocabulary
+    from tests.protocol.test_vocab_fidelity import TEXTS, _type_bodies
+
+    context = xkb.Context()
+    keymap = context.keymap_new_from_names(rules="evdev", model=MODEL, layout=layout)
+    texts = [*TEXTS, PRINTABLE_ASCII, "Grüße"]
+    for text in texts:
+        for schema, body in _type_bodies(text).items():
+            (action,) = [a for a in get_vocabulary(schema).parse(body) if isinstance(a, Type)]
+            steps = plan_action(action, Pacing(), keyboard_layout=layout)
+            if any(isinstance(s, HelperStep) for s in steps):
+                assert [s.args for s in steps] == [{"text": text}], (schema, text)
+                assert any(c not in TABLES[layout] and c not in "\n\t" for c in text)
+                continue
+            strokes: list[tuple[str, ...]] = []
+            down: list[str] = []
+            for event in (e for s in steps for e in s.events):
+                assert isinstance(event, KeyEvent)
+                if event.down:
+                    down.append(event.qcode)
+                elif event.qcode == down[-1] and event.qcode not in MODIFIER_EVDEV:
+                    strokes.append(tuple(down))
+                if not event.down:
+                    down.remove(event.qcode)
+            assert _play(context, keymap, tuple(strokes)) == text, (layout, schema, text)
