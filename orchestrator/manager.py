@@ -296,11 +296,14 @@ class SessionManager:
                     "delete one or raise --max-sessions"
                 )
         plain = egress is None and autostart is None and cpu_quota_pct is None and disk_mib is None
+        # Pooled desktops booted with the image's keyboard layout.
+        plain = plain and keyboard_layout in (None, boot_image.keyboard_layout)
         warm, claim_s = self._claim(boot_image, display, memory_mib, vcpus, plain=plain)
         try:
             session = self._register(
                 warm, boot_image, display, memory_mib, vcpus, boot_timeout_s, cpu_quota_pct,
                 disk_mib, ttl_s, idle_timeout_s, autostart, egress, guest_control,
+                keyboard_layout,
             )  # fmt: skip
         except BaseException:
             if warm is not None:
@@ -338,6 +341,7 @@ class SessionManager:
         autostart: Autostart | None,
         egress: EgressPolicy | None,
         guest_control: bool,
+        keyboard_layout: KeyboardLayout | None,
     ) -> Session:
         """Check the limits and register a new session (its recording starts here)."""
         if warm is not None:

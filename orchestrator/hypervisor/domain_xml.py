@@ -101,25 +101,24 @@ def render_domain_xml(
     """The domain XML for one session.
 
     The domain has: the overlay as its only disk (virtio), direct kernel boot with
-    ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME``, ``deskvm.keyboard_layout=NAME``
-    when the spec asks for them) appended to the image's command line (images that boot themselves, ``boot`` ``bios`` or
-    ``uefi``, get these options as SMBIOS OEM strings; UEFI without secure boot, the
-    variable store in ``paths.nvram``), a VM generation ID ``<genid/>`` (restored copies of
-    a saved domain get new ones: the guest reseeds its RNG), a virtio tablet (absolute
-    pointer), a virtio keyboard (alias :data:`KEYBOARD_ALIAS`), a stdvga card whose EDID
-    prefers the requested size, two file-backed serial ports (console, guest log), a
-    virtio-serial channel named ``spec.image.helper_port`` on the unix socket
-    ``paths.helper_socket`` when the image has a guest helper (and then the guest clock's
-    channel :data:`CLOCK_PORT` on ``paths.clock_socket``), no graphics server, no
-    balloon, and a network interface only when ``nic`` is given (then
-    :data:`NETWORK_CMDLINE` is appended to the kernel command line so that a systemd guest
-    starts DHCP and its resolver). Every lifecycle event (poweroff, reboot, crash) destroys
-    it. Limits: ``<cputune>`` CFS bandwidth when ``spec.cpu_quota_pct`` is set, and disk
-    write errors reported to the guest (``error_policy="report"``) instead of pausing the
-    domain. The memory hard limit (:func:`hard_limit_mib`) is *not* in this XML: libvirt 9
+    ``deskvm.display=WxH`` (and ``deskvm.autostart=NAME``, ``deskvm.keyboard_layout=NAME`` when
+    the spec asks for them) appended to the image's command line (images that boot themselves,
+    ``boot`` ``bios`` or ``uefi``, get these options as SMBIOS OEM strings; UEFI without secure
+    boot, the variable store in ``paths.nvram``), a VM generation ID ``<genid/>`` (restored
+    copies of a saved domain get new ones: the guest reseeds its RNG), a virtio tablet (absolute
+    pointer), a virtio keyboard (alias :data:`KEYBOARD_ALIAS`), a stdvga card whose EDID prefers
+    the requested size, two file-backed serial ports (console, guest log), a virtio-serial
+    channel named ``spec.image.helper_port`` on the unix socket ``paths.helper_socket`` when the
+    image has a guest helper (and then the guest clock's channel :data:`CLOCK_PORT` on
+    ``paths.clock_socket``), no graphics server, no balloon, and a network interface only when
+    ``nic`` is given (then :data:`NETWORK_CMDLINE` is appended to the kernel command line so
+    that a systemd guest starts DHCP and its resolver). Every lifecycle event (poweroff, reboot,
+    crash) destroys it. Limits: ``<cputune>`` CFS bandwidth when ``spec.cpu_quota_pct`` is set,
+    and disk write errors reported to the guest (``error_policy="report"``) instead of pausing
+    the domain. The memory hard limit (:func:`hard_limit_mib`) is *not* in this XML: libvirt 9
     also raises ``RLIMIT_MEMLOCK`` to any ``<memtune><hard_limit>`` at launch, which needs
-    ``CAP_SYS_RESOURCE``; the hypervisor starts the domain paused, applies the hard limit
-    live (the cgroup's memory limit, shown in the live XML) and only then resumes it.
+    ``CAP_SYS_RESOURCE``; the hypervisor starts the domain paused, applies the hard limit live
+    (the cgroup's memory limit, shown in the live XML) and only then resumes it.
 
     Args:
         spec: the session.
