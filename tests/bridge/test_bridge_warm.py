@@ -75,3 +75,17 @@ def test_warm_start_reset_and_cold_fallback_over_http(tmp_path: Path) -> None:
         assert marks == ["starting", "ready", "reset", "reset_done", "closed"]
         assert client.post(f"/v1/sessions/{sid}/reset").status_code == 409
     assert hv.domains == {}
+
+
+def test_a_session_with_another_keyboard_layout_boots_cold(tmp_path: Path) -> None:
+    """Pooled desktops run the image's layout: asking for another one is a cold start with
+    the layout on the kernel command line; asking for the image's own may take a warm one."""
+    hv = FakeHypervisor()
+    manager, app = _app(tmp_path, hv)
+    with TestClient(app, headers=AUTH) as client:
+        assert manager.pool is not None and manager.pool.wait_full(5)
+        german = create_session(client, keyboard_layout="de")
+        assert german["start"] == "cold" and german["keyboard_layout"] == "de"
+        assert hv.domains[german["id"]].spec.keyboard_layout == "de"
+        us = create_session(client, keyboard_layout="us")
+        assert us["start"] == "warm" and us["keyboard_layout"] == "us"
