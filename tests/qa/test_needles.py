@@ -116,3 +116,27 @@ def test_import_needles_command_writes_references_and_reports_failures(tmp_path:
 def test_import_needles_refuses_a_missing_directory(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["refs", "import-needles", str(tmp_path / "none")])
     assert result.exit_code == 1 and "not a directory" in " ".join(result.output.split())
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "qa"
+
+
+@pytest.mark.parametrize("name", ["terminal", "save_dialog", "yes_button"])
+def test_the_example_needles_become_the_example_references(tmp_path: Path, name: str) -> None:
+    """examples/qa/os-autoinst/needles (the os-autoinst version of the example suite, see
+    docs/qa.md) imported: each finds what the hand-written reference finds, at the same
+    place, on the frames of the small image both were cut from."""
+    refs = tmp_path / "refs"
+    result = CliRunner().invoke(
+        app,
+        ["refs", "import-needles", str(EXAMPLES / "os-autoinst" / "needles"), "--out", str(refs)],
+    )
+    assert result.exit_code == 0, result.output
+    imported, written = RefStore(refs).load(name), RefStore(EXAMPLES / "refs").load(name)
+    assert imported.spec.exclude == written.spec.exclude
+    for screen in ("terminal", "save_dialog"):
+        frame = RefStore(EXAMPLES / "refs").load(screen).pixels
+        a, b = find(frame, imported), find(frame, written)
+        assert a.ok == b.ok, screen
+        if a.ok:
+            assert a.hits[0].box == b.hits[0].box and a.click_point == b.click_point

@@ -1,0 +1,7 @@
+use strict;
+use warnings;
+use testapi;
+use autotest;
+
+autotest::loadtest "tests/save_dialog.pm";
+1;
