@@ -70,6 +70,25 @@ def test_double_click_is_two_press_release_pairs_at_one_point() -> None:
     ]  # fmt: skip
 
 
+def test_a_multi_click_is_sent_back_to_back_one_transition_per_batch() -> None:
+    """The clicks of one triple click reach the guest together (toolkits count them by
+    event time), each transition its own report (one report would hide press and release)."""
+    action = parse_deskvm_action({"action": "triple_click", "x": 3, "y": 4})
+    steps = plan_action(action, Pacing())
+    move, *clicks = steps
+    assert move.events == (AbsMove(3, 4),)
+    assert [s.events for s in clicks] == [
+        (ButtonEvent("left", down),) for down in (True, False) * 3
+    ]
+    assert [s.pause_s for s in clicks[:-1]] == [0.0] * 5
+
+
+def test_a_single_click_keeps_its_press_pause() -> None:
+    action = parse_deskvm_action({"action": "click", "x": 3, "y": 4})
+    steps = plan_action(action, Pacing(button_s=0.02))
+    assert [s.pause_s for s in steps] == [0.02, 0.02, 0.02]
+
+
 def test_drag_moves_through_every_point_with_the_button_down() -> None:
     got = events({"action": "drag", "path": [[0, 0], [5, 5], [10, 0]]})
     assert got == [
