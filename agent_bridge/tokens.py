@@ -246,6 +246,11 @@ class TokenAuthority:
             self._changed(claims.session_id)
         return claims
 
+    def revoked(self, token_id: str) -> bool:
+        """Whether the token with this id was revoked (open connections it authorised end)."""
+        with self._lock:
+            return token_id in self._revoked
+
     def revoke_session(self, session_id: str) -> int:
         """Revoke every token of a session (e.g. when it ends); returns how many."""
         with self._lock:

@@ -35,6 +35,7 @@ __all__ = [
     "offered_subprotocols",
     "ready_session",
     "refuse",
+    "revoked_error",
     "ws_principal",
 ]
 
@@ -132,6 +133,19 @@ async def ws_principal(
         # Before accept(): the ASGI server answers the handshake with HTTP 403.
         await websocket.close(CLOSE_POLICY_VIOLATION, reason=exc.code)
         return None
+
+
+def revoked_error(bridge: BridgeState, principal: Principal) -> TokenError | None:
+    """The error for a connection whose session token has been revoked since it opened
+    (also through a sign-in cookie exchanged from it), else ``None``.
+
+    Sockets check it on every message and every status poll: revoking a token ends what
+    it had opened (close 1008 after this error), not only its next handshake.
+    """
+    kind, _, token_id = principal.who.partition(":")
+    if kind == "token" and bridge.authority.revoked(token_id):
+        return TokenError(f"token {token_id} was revoked")
+    return None
 
 
 async def refuse(websocket: WebSocket, error: DeskvmError, close_code: int) -> None:

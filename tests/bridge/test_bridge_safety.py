@@ -94,6 +94,24 @@ def test_control_token_acts_admin_token_deletes(
     assert anon.delete(f"/v1/sessions/{sid}", headers=headers).status_code == 200
 
 
+def test_revoking_a_token_ends_the_action_socket_it_opened(
+    client: TestClient, anon: TestClient, hypervisor: FakeHypervisor
+) -> None:
+    sid = _create(client)["id"]
+    minted = _mint(client, sid, "control")
+    control = {"Authorization": f"Bearer {minted['token']}"}
+    with anon.websocket_connect(f"/v1/sessions/{sid}/ws", headers=control) as ws:
+        assert _ask(ws, {"id": 1, "action": "click", "x": 5, "y": 5})["ok"] is True
+        events = len(hypervisor.domains[sid].display.events)
+        assert client.delete(f"/v1/sessions/{sid}/tokens/{minted['token_id']}").status_code == 204
+        reply = _ask(ws, {"id": 2, "action": "click", "x": 6, "y": 6})
+        assert reply["ok"] is False and reply["error"]["code"] == "unauthorized"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
+    assert len(hypervisor.domains[sid].display.events) == events  # nothing injected
+
+
 def test_wrong_session_revoked_replayed_forged_and_query_tokens_are_refused(
     client: TestClient, anon: TestClient, hypervisor: FakeHypervisor
 ) -> None:

@@ -214,3 +214,24 @@ def test_stream_closes_when_the_session_ends(server_url: str, session_id: str) -
             while True:
                 ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+
+
+def test_revoking_the_token_closes_its_open_stream(server_url: str, session_id: str) -> None:
+    minted = httpx.post(
+        f"{server_url}/v1/sessions/{session_id}/tokens", json={"scope": "view"}, headers=AUTH
+    ).json()
+    with _open(server_url, session_id, token=minted["token"]) as ws:
+        _hello(ws)
+        response = httpx.delete(
+            f"{server_url}/v1/sessions/{session_id}/tokens/{minted['token_id']}", headers=AUTH
+        )
+        assert response.status_code == 204
+        refusal = None
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                message = ws.recv(timeout=5)
+                if isinstance(message, str) and not json.loads(message).get("ok", True):
+                    refusal = json.loads(message)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert refusal is not None and refusal["error"]["code"] == "unauthorized"
+    assert minted["token_id"] in refusal["error"]["message"]

@@ -187,3 +187,31 @@ def test_deleting_the_session_releases_a_waiting_agent(client: TestClient) -> No
 def test_takeover_policy_is_validated(client: TestClient) -> None:
     response = client.post("/v1/sessions", json={"takeover": {"agent": "ignore"}})
     assert response.status_code == 422 and "takeover.agent" in response.json()["error"]["message"]
+
+
+def test_revoking_the_holders_token_ends_the_take_over(
+    client: TestClient, hypervisor: FakeHypervisor
+) -> None:
+    sid = create_session(client)["id"]
+    person = _token(client, sid, "control")
+    display = hypervisor.domains[sid].display
+    with client.websocket_connect(
+        f"/v1/sessions/{sid}/control", headers=_bearer(person["token"])
+    ) as control:
+        control.receive_json()
+        assert ask(control, {"id": 1, "op": "take_over"})["ok"]
+        response = client.delete(f"/v1/sessions/{sid}/tokens/{person['token_id']}")
+        assert response.status_code == 204
+        clicks_before = sum(isinstance(e, ButtonEvent) for e in display.events)
+        # The revoked person's input no longer reaches the guest; the socket closes (1008).
+        control.send_text(json.dumps({"id": 2, "action": "click", "x": 5, "y": 5}))
+        reply = control.receive_json()
+        assert reply["ok"] is False and reply["error"]["code"] == "unauthorized"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            control.receive_json()
+        assert closed.value.code == 1008
+    assert sum(isinstance(e, ButtonEvent) for e in display.events) == clicks_before
+    deadline = time.monotonic() + 5
+    while client.get(f"/v1/sessions/{sid}/control").json()["holder"] is not None:
+        assert time.monotonic() < deadline, "the revoked person still holds the session"
+        time.sleep(0.05)

@@ -48,6 +48,7 @@ from agent_bridge.server.sockets import (
     SUBPROTOCOL,
     close_reason,
     offered_subprotocols,
+    revoked_error,
     ws_principal,
 )
 from agent_bridge.server.state import BridgeState
@@ -225,6 +226,11 @@ class _Connection:
 
     async def _watch_session(self, session: Session, scope: anyio.CancelScope) -> None:
         while session.state not in _ENDED:
+            revoked = revoked_error(self.bridge, self.principal)
+            if revoked is not None:
+                await self._refuse(revoked, CLOSE_POLICY_VIOLATION)
+                scope.cancel()
+                return
             await anyio.sleep(_STATE_POLL_S)
         reason = session.closed_reason or session.state
         await self._close(CLOSE_GOING_AWAY, f"session ended: {reason}")
@@ -256,6 +262,10 @@ class _Connection:
                 await self._close(
                     CLOSE_MESSAGE_TOO_BIG, f"message_too_big: limit {MAX_MESSAGE_BYTES} bytes"
                 )
+                return
+            revoked = revoked_error(self.bridge, self.principal)
+            if revoked is not None:
+                await self._refuse(revoked, CLOSE_POLICY_VIOLATION)
                 return
             if not await self._send(await self._handle(session, vocabulary, text)):
                 return

@@ -42,6 +42,7 @@ from agent_bridge.server.sockets import (
     offered_subprotocols,
     ready_session,
     refuse,
+    revoked_error,
     ws_principal,
 )
 from agent_bridge.server.state import BridgeState
@@ -99,7 +100,7 @@ async def control_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> N
             {"event": "hello", "holder": None if holder is None else holder.model_dump(mode="json")}
         )
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_end, websocket, session, tg.cancel_scope)
+            tg.start_soon(_watch_end, websocket, bridge, session, principal, tg.cancel_scope)
             await _serve(websocket, bridge, session, principal, handle)
             tg.cancel_scope.cancel()
     except (WebSocketDisconnect, RuntimeError, OSError):
@@ -111,8 +112,19 @@ async def control_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> N
                 await websocket.close(1000, reason="bye")
 
 
-async def _watch_end(websocket: WebSocket, session: Session, scope: anyio.CancelScope) -> None:
+async def _watch_end(
+    websocket: WebSocket,
+    bridge: BridgeState,
+    session: Session,
+    principal: Principal,
+    scope: anyio.CancelScope,
+) -> None:
     while session.state == "ready":
+        revoked = revoked_error(bridge, principal)
+        if revoked is not None:
+            await refuse(websocket, revoked, CLOSE_POLICY_VIOLATION)
+            scope.cancel()
+            return
         await anyio.sleep(0.25)
     with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
         reason = session.closed_reason or session.state
@@ -147,6 +159,10 @@ async def _serve(
                 encode_error(None, ProtocolError("send JSON text messages", code="invalid_message"))
             )
             continue
+        revoked = revoked_error(bridge, principal)
+        if revoked is not None:
+            await refuse(websocket, revoked, CLOSE_POLICY_VIOLATION)
+            return
         client_id: ClientId = None
         try:
             envelope = decode_envelope(text)

@@ -35,7 +35,7 @@ from agent_bridge.protocol.stream import (
     encode_frame,
     parse_stream_query,
 )
-from agent_bridge.server.deps import Bridge
+from agent_bridge.server.deps import Bridge, Principal
 from agent_bridge.server.models import ControlInfo
 from agent_bridge.server.sockets import (
     CLOSE_GOING_AWAY,
@@ -45,6 +45,7 @@ from agent_bridge.server.sockets import (
     offered_subprotocols,
     ready_session,
     refuse,
+    revoked_error,
     ws_principal,
 )
 from agent_bridge.server.state import BridgeState
@@ -121,7 +122,7 @@ async def stream(websocket: WebSocket, session_id: str, bridge: Bridge) -> None:
             }
         )
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch, bridge, session, sender, tg.cancel_scope.cancel)
+            tg.start_soon(_watch, bridge, session, principal, sender, tg.cancel_scope.cancel)
             tg.start_soon(_send_frames, viewer, arrived, params, sender)
             await _drain(websocket)
             tg.cancel_scope.cancel()
@@ -206,11 +207,25 @@ async def _send_frames(
 
 
 async def _watch(
-    bridge: BridgeState, session: Session, sender: _Sender, stop: Callable[[], None]
+    bridge: BridgeState,
+    session: Session,
+    principal: Principal,
+    sender: _Sender,
+    stop: Callable[[], None],
 ) -> None:
-    """Push ``status`` events when they change; close (1001) when the session ends."""
+    """Push ``status`` events when they change; close (1001) when the session ends, or
+    (1008, after an ``unauthorized`` error) when the viewer's token is revoked."""
     last: dict[str, Any] | None = None
     while not sender.gone:
+        revoked = revoked_error(bridge, principal)
+        if revoked is not None:
+            error = {"code": revoked.code, "message": revoked.message}
+            await sender.text({"id": None, "ok": False, "error": error})
+            await sender.close(
+                CLOSE_POLICY_VIOLATION, close_reason(f"{revoked.code}: {revoked.message}")
+            )
+            stop()
+            return
         status = status_of(bridge, session)
         if status != last:
             last = status
