@@ -7,7 +7,8 @@ Fixtures:
         built image; ``--deskvm-backend fake``: the in-package fake desktop, no VM). Under
         pytest-xdist the controller starts that one server and every worker uses it, one
         session per worker at a time (sessions come from the server's normal create path,
-        so its warm pool is used where the server has one).
+        so its warm pool is used where the server has one: ``--deskvm-warm-pool IMAGE:N``
+        gives the run's own server one, as ``deskvm serve --warm-pool``).
     deskvm_client: an :class:`agent_bridge.client.Client` for that server.
     deskvm_session: a fresh session per test, deleted afterwards, with visual checks
         (``wait_for``, ``click(ref)``, ``expect_change``, ``find_text``...) looking up
@@ -26,7 +27,7 @@ gets them as ``<property name="deskvm_...">`` on the test case and as
 
 Options (``pytest --help``, group "deskvm"): ``--deskvm-url``, ``--deskvm-token``,
 ``--deskvm-backend``, ``--deskvm-image``, ``--deskvm-display``, ``--deskvm-update-refs``,
-``--deskvm-record``, ``--deskvm-artifacts``, ``--deskvm-require-ocr``.
+``--deskvm-record``, ``--deskvm-artifacts``, ``--deskvm-require-ocr``, ``--deskvm-warm-pool``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +104,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Fail (instead of skip) tests that need OCR when tesseract is missing "
         "(also when the CI or DESKVM_REQUIRE_OCR environment variable is set).",
     )
+    group.addoption(
+        "--deskvm-warm-pool",
+        default=None,
+        metavar="IMAGE:N[,IMAGE:N]",
+        help="The server this run starts (libvirt backend) keeps N desktops of IMAGE "
+        "restored and ready, as `deskvm serve --warm-pool`: sessions of the default size "
+        "(1280x800, 2048 MiB, no network) start warm. Default: $DESKVM_WARM_POOL, else none.",
+    )
     parser.addini(
         "deskvm_refs_dir", "References directory, relative to each test file.", default="refs"
     )
@@ -161,10 +171,15 @@ def _start_server(config: pytest.Config) -> _Server:
     record = config.getoption("--deskvm-record")
     stack = contextlib.ExitStack()
     if config.getoption("--deskvm-backend") == "fake":
+        if config.getoption("--deskvm-warm-pool") is not None:
+            raise pytest.UsageError("--deskvm-warm-pool needs the libvirt backend")
         root = _artifact_root(config) / "fake-recordings"
         manager, settings = _fake_manager(root, capture_off=record == "off")
     else:
         settings = Settings.from_env()
+        warm_pool = config.getoption("--deskvm-warm-pool")
+        if warm_pool is not None:
+            settings = settings.replace(warm_pool=warm_pool)
         if record == "off":
             settings = settings.replace(capture_fps=0.0)
         manager = build_manager(settings)
@@ -172,7 +187,23 @@ def _start_server(config: pytest.Config) -> _Server:
     server = stack.enter_context(
         BackgroundServer(create_app(manager, token=token, settings=settings))
     )
+    if getattr(manager, "pool", None) is not None:
+        _wait_pool_ready(manager.pool)
     return _Server(server.url, token, owned=True, stack=stack)
+
+
+_POOL_READY_TIMEOUT_S = 600.0
+
+
+def _wait_pool_ready(pool: Any, timeout_s: float = _POOL_READY_TIMEOUT_S) -> None:
+    """Before the first test: wait until every warm pool target has one desktop ready (or
+    failed, or ``timeout_s`` passed: then sessions boot cold, as the server does)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        targets = pool.status()
+        if all(t["ready"] >= 1 or t["phase"] == "failed" for t in targets):
+            return
+        time.sleep(0.5)
 
 
 def _fake_manager(root: Path, *, capture_off: bool) -> tuple[Any, Any]:
@@ -216,6 +247,11 @@ def _server(config: pytest.Config) -> _Server:
         token = config.getoption("--deskvm-token") or os.environ.get("DESKVM_TOKEN")
         if not token:
             raise pytest.UsageError("--deskvm-url needs --deskvm-token or DESKVM_TOKEN")
+        if config.getoption("--deskvm-warm-pool") is not None:
+            raise pytest.UsageError(
+                "--deskvm-warm-pool applies to a server this run starts; the server of "
+                "--deskvm-url has its own (deskvm serve --warm-pool)"
+            )
         state.server = _Server(str(url), str(token), owned=False)
     elif workerinput is not None and "deskvm_url" in workerinput:
         if workerinput.get("deskvm_error"):

@@ -276,3 +276,16 @@ def test_marker_sets_the_session_and_xdist_shares_one_server(suite: pytest.Pytes
     cases = [properties(c) for c in junit(suite.path / "x.xml").values()]
     assert len({c["server"] for c in cases}) == 1  # one server for both workers
     assert len({c["session"] for c in cases}) == 4  # a fresh session per test
+
+
+def test_warm_pool_option_is_refused_where_it_cannot_apply(suite: pytest.Pytester) -> None:
+    suite.makepyfile("def test_one(deskvm_session):\n    pass\n")
+    fake = suite.runpytest_subprocess(*FAKE, "--deskvm-warm-pool", "debian12-desktop:1")
+    assert fake.ret != 0
+    fake.stdout.fnmatch_lines(["*--deskvm-warm-pool needs the libvirt backend*"])
+    remote = suite.runpytest_subprocess(
+        "--deskvm-url", "http://127.0.0.1:9", "--deskvm-token", "t",
+        "--deskvm-warm-pool", "debian12-desktop:1", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    assert remote.ret != 0
+    remote.stdout.fnmatch_lines(["*--deskvm-warm-pool applies to a server this run starts*"])
