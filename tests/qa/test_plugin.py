@@ -289,3 +289,24 @@ def test_warm_pool_option_is_refused_where_it_cannot_apply(suite: pytest.Pyteste
     )  # fmt: skip
     assert remote.ret != 0
     remote.stdout.fnmatch_lines(["*--deskvm-warm-pool applies to a server this run starts*"])
+
+
+def test_the_run_waits_for_the_first_pooled_desktop_or_a_failure() -> None:
+    from agent_bridge.pytest_plugin import _wait_pool_ready
+
+    class Pool:
+        def __init__(self, states: list[list[tuple[int, str]]]) -> None:
+            self.states, self.calls = states, 0
+
+        def status(self) -> list[dict[str, object]]:
+            state = self.states[min(self.calls, len(self.states) - 1)]
+            self.calls += 1
+            return [{"ready": ready, "phase": phase} for ready, phase in state]
+
+    filling = Pool([[(0, "building"), (0, "new")], [(1, "filling"), (0, "building")],
+                    [(1, "filling"), (0, "failed")]])  # fmt: skip
+    _wait_pool_ready(filling, timeout_s=30)
+    assert filling.calls == 3  # one ready, the other failed: go (it boots cold)
+    never = Pool([[(0, "building")]])
+    _wait_pool_ready(never, timeout_s=1.2)  # gives up; sessions then boot cold
+    assert 2 <= never.calls <= 4
