@@ -26,7 +26,7 @@ from agent_bridge.tokens import Scope, TokenError, scope_allows
 from orchestrator.approval import ApprovalDenied, ApprovalDesk, ApprovalPolicy, ApprovalTimeout
 from orchestrator.errors import DeskvmError
 from orchestrator.session import Session
-from orchestrator.takeover import ControlDesk, TakeoverPolicy
+from orchestrator.takeover import ControlDesk, HumanInControl, TakeoverPolicy
 
 __all__ = ["OBSERVATIONS", "check_scope", "control_gate", "gate", "hold"]
 
@@ -71,28 +71,46 @@ def control_gate(
     )
 
 
-def gate(session: Session, desk: ApprovalDesk) -> Callable[[Action, str], None]:
-    """The ``gate`` argument of ``session.execute``: holds what its policy says at ``desk``."""
+def gate(
+    session: Session, desk: ApprovalDesk, controls: ControlDesk | None = None
+) -> Callable[[Action, str], None]:
+    """The ``gate`` argument of ``session.execute``: holds what its policy says at ``desk``
+    (withdrawn when a person takes the session over at ``controls``)."""
 
     def check(action: Action, reason: str) -> None:
-        hold(session, action, reason, session.approval_policy or ApprovalPolicy(), desk)
+        policy = session.approval_policy or ApprovalPolicy()
+        hold(session, action, reason, policy, desk, controls=controls)
 
     return check
 
 
 def hold(
-    session: Session, action: Action, reason: str, policy: ApprovalPolicy, desk: ApprovalDesk
+    session: Session,
+    action: Action,
+    reason: str,
+    policy: ApprovalPolicy,
+    desk: ApprovalDesk,
+    *,
+    controls: ControlDesk | None = None,
 ) -> None:
     """Hold ``action`` (held for ``reason``) for an operator; return only if approved.
 
     Blocking (call it from a worker thread; the session calls it under its action lock).
     The request (with the frame the operator sees) and the decision (with who decided) are
-    appended to the session's recording.
+    appended to the session's recording. A person taking the session over (``controls``)
+    withdraws the held action at once (decided ``deny`` by ``take_over``): it would hold the
+    action lock, so the person's input would queue behind it, and an approval would slip the
+    agent's input in during the take-over.
 
     Raises:
         ApprovalDenied: an operator denied it (or the session ended meanwhile).
         ApprovalTimeout: nobody decided before ``policy.timeout_s``.
+        HumanInControl: a person took the session over while it waited.
     """
+
+    def taken_over() -> bool:
+        return controls is not None and controls.holder(session.id) is not None
+
     frame, frame_seq = b"", None
     with contextlib.suppress(DeskvmError):
         shot = session.execute(Screenshot(), source="system")
@@ -111,7 +129,9 @@ def hold(
         },
         source="agent",
     )
-    desk.wait(item, still_wanted=lambda: session.state == "ready")
+    desk.wait(item, still_wanted=lambda: session.state == "ready" and not taken_over())
+    if item.decided_by == "session ended" and session.state == "ready" and taken_over():
+        item.decided_by = "take_over"
     by = item.decided_by or "unknown"
     try:
         session.recorder.append(
@@ -122,7 +142,7 @@ def hold(
                 "decision": item.decision,
                 "by": by,
             },
-            source="system" if by in ("timeout", "session ended") else "human",
+            source="system" if by in ("timeout", "session ended", "take_over") else "human",
         )
     except DeskvmError:
         # Deleting a session denies its pending actions and then seals the recording; the
@@ -130,6 +150,11 @@ def hold(
         # recorder failure is an error.
         if session.state == "ready":
             raise
+    if by == "take_over" or (item.decision == "approve" and taken_over()):
+        raise HumanInControl(
+            f"a person took this session over while {action_name(action)} ({reason}) waited"
+            " for approval; it was not run (retry after the hand-back)"
+        )
     if item.decision == "approve":
         return
     if by == "timeout":

@@ -12,7 +12,7 @@ from conftest import ask, create_session
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from orchestrator.display.base import ButtonEvent
+from orchestrator.display.base import ButtonEvent, KeyEvent
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.replay import Recording
 
@@ -215,3 +215,36 @@ def test_revoking_the_holders_token_ends_the_take_over(
     while client.get(f"/v1/sessions/{sid}/control").json()["holder"] is not None:
         assert time.monotonic() < deadline, "the revoked person still holds the session"
         time.sleep(0.05)
+
+
+def test_take_over_withdraws_an_agent_action_waiting_for_approval(
+    client: TestClient, hypervisor: FakeHypervisor
+) -> None:
+    sid = create_session(client, approval={"text_patterns": ["rm "], "timeout_s": 30})["id"]
+    display = hypervisor.domains[sid].display
+    with (
+        client.websocket_connect(f"/v1/sessions/{sid}/ws") as agent,
+        client.websocket_connect(f"/v1/sessions/{sid}/control") as control,
+    ):
+        control.receive_json()
+        agent.send_text(json.dumps({"id": 1, "action": "type", "text": "rm -r x\n"}))
+        deadline = time.monotonic() + 5
+        while not client.get(f"/v1/sessions/{sid}/pending").json():
+            assert time.monotonic() < deadline, "the agent's type was not held"
+            time.sleep(0.02)
+        assert ask(control, {"id": 1, "op": "take_over"})["ok"]
+        # The held action is withdrawn at once: the person's input does not queue behind
+        # it, and an approval can no longer slip the agent's text in during the take-over.
+        deadline = time.monotonic() + 5
+        while client.get(f"/v1/sessions/{sid}/pending").json():
+            assert time.monotonic() < deadline, "the held action still waits during a take-over"
+            time.sleep(0.02)
+        reply = agent.receive_json()
+        assert reply["ok"] is False and reply["error"]["code"] == "human_in_control"
+        assert not any(isinstance(e, KeyEvent) for e in display.events)
+        assert ask(control, {"id": 2, "action": "click", "x": 5, "y": 5})["ok"]
+        assert ask(control, {"id": 3, "op": "hand_back"})["ok"]
+    recording = Recording(client.app.state.bridge.manager.get(sid).recorder.path)  # type: ignore[attr-defined]
+    decided = [e["data"] for e in recording.events
+               if e["kind"] == "approval" and e["data"]["event"] == "decided"]  # fmt: skip
+    assert [(d["decision"], d["by"]) for d in decided] == [("deny", "take_over")]

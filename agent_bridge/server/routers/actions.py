@@ -91,7 +91,7 @@ async def session_ws(websocket: WebSocket, session_id: str, bridge: Bridge) -> N
     connection = _Connection(websocket, bridge, session_id)
     connection.principal = principal
     connection.limits = bridge.limits
-    connection.gate = lambda session: gate(session, desk)
+    connection.gate = lambda session: gate(session, desk, controls)
 
     def control(session: Session, action: Action) -> None:
         control_gate(session, action, controls, bridge.takeover_policy(session.id))
