@@ -20,7 +20,7 @@ Wire requests (helper protocol 1, ops announced in the helper's ``hello``)::
     clipboard_set   {text}                         -> {}
     windows         {}                             -> {windows: [{id, title, class, x, y,
                                                                   width, height, focused}]}
-    window_activate {id} / window_close {id}       -> {}
+    window_activate {window_id} / window_close {window_id}  -> {}
     a11y_tree       {window_id, max_nodes}         -> {tree, truncated}
     set_resolution  {width, height}                -> {width, height}
 
@@ -110,7 +110,8 @@ def guest_request(action: GuestAction) -> tuple[str, dict[str, Any], float]:
         case ListWindows():
             return op, {}, REPLY_MARGIN_S
         case WindowActivate(id=wid) | WindowClose(id=wid):
-            return op, {"id": wid}, REPLY_MARGIN_S
+            # Not "id": on the channel that is the request's own id.
+            return op, {"window_id": wid}, REPLY_MARGIN_S
         case A11yTree(window_id=wid, max_nodes=n):
             return op, {"window_id": wid, "max_nodes": n}, 60.0
         case SetResolution(width=w, height=h):

@@ -245,6 +245,9 @@ class FakeGuestHelper:
     def request(self, op: str, args: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
         if not self.available:
             raise GuestHelperError("the guest helper has not announced itself")
+        if "id" in args or "op" in args:
+            # As on the real channel, where they would be overwritten by the request's own.
+            raise GuestHelperError(f"request arguments of {op!r} must not be named id or op")
         self.requests.append((op, dict(args)))
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
@@ -360,17 +363,17 @@ class FakeGuestHelper:
         return next((w for w in self.windows if w["id"] == wid), None)
 
     def _window_activate(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        window = self._window(args["id"])
+        window = self._window(args["window_id"])
         if window is None:
-            return self._refuse(f"no window {args['id']:#x}", "window_not_found")
+            return self._refuse(f"no window {args['window_id']:#x}", "window_not_found")
         for w in self.windows:
             w["focused"] = w is window
         return {}
 
     def _window_close(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        window = self._window(args["id"])
+        window = self._window(args["window_id"])
         if window is None:
-            return self._refuse(f"no window {args['id']:#x}", "window_not_found")
+            return self._refuse(f"no window {args['window_id']:#x}", "window_not_found")
         self.windows.remove(window)
         return {}
 

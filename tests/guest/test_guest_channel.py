@@ -24,6 +24,8 @@ from agent_bridge.protocol.guest import (
     GetFile,
     ListWindows,
     SetResolution,
+    WindowActivate,
+    WindowClose,
 )
 from orchestrator.display.guest_helper import MAX_LINE_BYTES, HelperChannel
 from orchestrator.errors import ActionError, GuestHelperError
@@ -151,6 +153,15 @@ def test_a_stalled_exec_is_cut_at_the_host_deadline(helper_with, monkeypatch) ->
     with pytest.raises(GuestHelperError, match=r"did not finish 'exec' within 0\.7 s"):
         run_guest_action(channel, Exec(argv=("sleep", "100"), timeout_s=0.2))
     assert time.monotonic() - t0 < 2.0
+
+
+def test_window_requests_carry_the_window_not_the_request_id(helper_with) -> None:  # type: ignore[no-untyped-def]
+    channel, guest = helper_with(reply_line({"ok": True}))
+    run_guest_action(channel, WindowActivate(id=0x1400003))
+    run_guest_action(channel, WindowClose(id=0x1400004))
+    sent = [m for m in guest.received if m.get("op") in ("window_activate", "window_close")]
+    assert [m["window_id"] for m in sent] == [0x1400003, 0x1400004]
+    assert all(m["id"] != m["window_id"] for m in sent)
 
 
 def test_get_file_over_the_cap_is_refused(helper_with, monkeypatch) -> None:  # type: ignore[no-untyped-def]
