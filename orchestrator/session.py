@@ -377,6 +377,8 @@ class Session:
         self._expired: str | None = None
         self._store_error_reported = False
         self._display_memory_kib = spec.display.memory_kib
+        self._created_display = spec.display
+        """The display the session was created with (a reset returns to it)."""
         """The display device's video memory, fixed at boot (bounds a resolution change)."""
 
     # --- lifecycle ------------------------------------------------------------------
@@ -1536,8 +1538,9 @@ class Session:
         a ``lifecycle`` ``reset`` event is appended before the restore, a ``reset_done``
         event (with ``reset_s`` and the clock offset) and a ``ready`` frame after it. The
         guest's wall clock is set again, held keys and buttons are forgotten, the host's
-        pointer position returns to the centre, and the guest log keeps what was
-        written before the reset (:meth:`guest_log`).
+        pointer position returns to the centre, the display returns to the size the
+        session was created with (after a ``set_resolution``), and the guest log keeps what
+        was written before the reset (:meth:`guest_log`).
 
         Returns:
             Seconds the reset took (also :attr:`last_reset_s`).
@@ -1561,6 +1564,9 @@ class Session:
             self._recorder.append("lifecycle", {"event": "reset", "count": self.resets + 1})
             with contextlib.suppress(DeskvmError):
                 self._log_before_reset += self._domain.read_guest_log()
+            if self.spec.display != self._created_display:
+                # The saved start state has the display the session was created with.
+                self.spec = dataclasses.replace(self.spec, display=self._created_display)
             domain = self._hypervisor.reset(self.spec, self.start_state)
             self._domain = domain
             if self._frames is not None:

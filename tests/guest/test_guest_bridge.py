@@ -266,3 +266,39 @@ def test_session_token_of_scope_exec_reaches_the_rest_route(client: TestClient, 
             anon.post(f"/v1/sessions/{sid}/guest/exec", json={"argv": ["pwd"]}).status_code == 401
         )
     assert TOKEN not in json.dumps(events(client, sid))
+
+
+def test_a_reset_returns_to_the_created_display(tmp_path: Path) -> None:
+    from agent_bridge.server import create_app
+    from orchestrator.input_plan import Pacing
+    from orchestrator.manager import SessionManager
+    from orchestrator.pool import PoolTarget
+    from orchestrator.settings import Settings
+    from tests.guest.conftest import IMAGE, _resolver
+
+    manager = SessionManager(
+        hypervisor=FakeHypervisor(),
+        resolve_image=_resolver(tmp_path),
+        recordings_dir=tmp_path / "recordings",
+        pacing=Pacing(0, 0, 0, 0, 0),
+        ready_poll_s=0.01,
+        warm_pool=(PoolTarget(IMAGE, 1),),
+        pool_dir=tmp_path / "pool",
+    )
+    assert manager.pool is not None
+    manager.pool._interval_s = 0.05
+    app = create_app(manager, token=TOKEN, settings=Settings(default_image=IMAGE))
+    with TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        assert manager.pool.wait_full(5)
+        info = client.post("/v1/sessions", json={"guest_control": True}).json()
+        assert info["start"] == "warm", info
+        sid = info["id"]
+        with client.websocket_connect(f"/v1/sessions/{sid}/ws") as ws:
+            assert ask(ws, {"id": 1, "action": "set_resolution", "width": 1024, "height": 768})[
+                "ok"
+            ]
+            assert client.post(f"/v1/sessions/{sid}/reset").status_code == 200
+            shot = ask(ws, {"id": 2, "action": "screenshot"})["result"]
+            assert (shot["width"], shot["height"]) == (1280, 800)
+            assert ask(ws, {"id": 3, "action": "click", "x": 1279, "y": 799})["ok"]
+        assert client.get(f"/v1/sessions/{sid}").json()["display"] == {"width": 1280, "height": 800}
