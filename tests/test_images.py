@@ -37,7 +37,7 @@ from vm_images.builder import (
 )
 from vm_images.recipe import GUEST_DIR, RECIPES_DIR, guest_sets
 
-SHIPPED = (DEFAULT_IMAGE,)
+SHIPPED = (DEFAULT_IMAGE, "debian12-full")
 
 GUEST_FILES = (
     "base/usr/local/lib/deskvm/session",
@@ -47,6 +47,10 @@ GUEST_FILES = (
     "base/etc/systemd/system/deskvm-session.service",
     "base/etc/initramfs-tools/hooks/deskvm",
     "openbox/usr/local/lib/deskvm/desktop",
+    "xfce/usr/local/lib/deskvm/desktop",
+    "xfce/etc/xdg/xfce4/xfconf/xfce-perchannel-xml/xfce4-panel.xml",
+    "xfce/usr/lib/firefox-esr/distribution/policies.json",
+    "xfce/etc/chromium/policies/managed/deskvm.json",
 )
 EXECUTABLES = (
     "base/usr/local/lib/deskvm/session",
@@ -55,6 +59,7 @@ EXECUTABLES = (
     "base/usr/local/bin/deskvm-helper",
     "base/etc/initramfs-tools/hooks/deskvm",
     "openbox/usr/local/lib/deskvm/desktop",
+    "xfce/usr/local/lib/deskvm/desktop",
 )
 
 
@@ -154,6 +159,35 @@ def test_default_recipe_contents() -> None:
     assert recipe.background_rgb == (0x2E, 0x4A, 0x62)
     assert recipe.model.files.sets == ["base", "openbox"]
     assert recipe.ready_regions == ()
+
+
+def test_full_recipe_contents() -> None:
+    recipe = load_recipe("debian12-full")
+    for package in (
+        "xfwm4", "xfce4-panel", "thunar", "xfce4-terminal", "firefox-esr", "chromium",
+        "libreoffice-writer", "libreoffice-calc", "libreoffice-impress", "mousepad", "atril",
+        "ristretto", "gimp", "xarchiver", "fonts-dejavu-core", "fonts-liberation2",
+        "fonts-noto-cjk", "fonts-noto-color-emoji", "xdotool", "python3-tk",
+    ):  # fmt: skip
+        assert package in recipe.packages
+    assert recipe.model.files.sets == ["base", "xfce"]
+    assert recipe.keyboard_layout == "us"
+    # Ready means the panel across the top is drawn, not only the background.
+    assert [(r.name, r.top_px, r.height_px) for r in recipe.ready_regions] == [("panel", 0, 28)]
+    assert recipe.model.boot.qcow2_compression == "zstd"
+    excluded = recipe.model.strip.path_exclude
+    assert {"/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*"} <= set(excluded)
+    # The policies the quiet desktop depends on are valid JSON.
+    for relative in (
+        "xfce/usr/lib/firefox-esr/distribution/policies.json",
+        "xfce/etc/chromium/policies/managed/deskvm.json",
+    ):
+        json.loads((GUEST_DIR / relative).read_text())
+
+
+def test_fontconfig_caches_survive_whole_second_times() -> None:
+    script = finalize_script(load_recipe("debian12-full"))
+    assert script.index("touch -m -d") < script.index("fc-cache -s")
 
 
 @pytest.mark.parametrize("relative", GUEST_FILES)
@@ -338,7 +372,7 @@ def test_unknown_recipe(name: str, tmp_path: Path) -> None:
 
 
 def test_guest_sets() -> None:
-    assert {"base", "openbox"} <= set(guest_sets())
+    assert {"base", "openbox", "xfce"} <= set(guest_sets())
 
 
 # --- content hash -----------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """The "internet" of the egress test world: a DNS server and TCP/UDP servers.
 
 Run inside the test's internet namespace (``ip netns exec NS python3 internet_server.py
-CONFIG.json``). It appends one JSON line per DNS query and per TCP/UDP contact to the log
-file named in the config, so tests can prove what reached the outside.
+CONFIG.json``). It appends one JSON line per DNS query, per TCP/UDP contact and per HTTP
+request (``kind: http`` with its path) to the log file named in the config, so tests can
+prove what reached the outside. ``GET /colour/RRGGBB`` answers an HTML page filled with
+that colour (for browsers in a guest); any other request a line of text.
 
 DNS zone (synthetic, enough for the bypass table):
     * names listed in ``config["a"]`` / ``config["aaaa"]`` answer those addresses;
@@ -12,6 +14,7 @@ DNS zone (synthetic, enough for the bypass table):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import socketserver
@@ -67,16 +70,42 @@ class DnsTcp(socketserver.BaseRequestHandler):
 class Http(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         addr, port = self.server.server_address[:2]
-        log({"kind": "tcp", "addr": addr, "port": port, "peer": self.client_address[0]})
+        peer = self.client_address[0]
+        log({"kind": "tcp", "addr": addr, "port": port, "peer": peer})
         self.request.settimeout(2)
         try:
-            self.request.recv(4096)
-            body = f"hello from {addr}:{port}\n".encode()
-            self.request.sendall(
-                b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-            )
+            head = self.request.recv(4096)
         except OSError:
-            pass
+            head = b""
+        words = head.split(b"\r\n", 1)[0].split()
+        path = words[1].decode("ascii", "replace") if len(words) >= 2 else ""
+        if path:
+            log({"kind": "http", "addr": addr, "port": port, "peer": peer, "path": path})
+        body, content_type = page(addr, port, path)
+        with contextlib.suppress(OSError):
+            self.request.sendall(
+                b"HTTP/1.0 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+                % (content_type.encode(), len(body), body)
+            )
+
+
+def page(addr: str, port: int, path: str) -> tuple[bytes, str]:
+    """The reply body and its type: ``/colour/RRGGBB`` is an HTML page filled with that
+    colour (no favicon request, no other resource); anything else a line of text."""
+    colour = path.removeprefix("/colour/")
+    if (
+        path.startswith("/colour/")
+        and len(colour) == 6
+        and all(c in "0123456789abcdefABCDEF" for c in colour)
+    ):
+        html = (
+            f"<!DOCTYPE html><html><head><title>deskvm colour {colour}</title>"
+            '<link rel="icon" href="data:,"></head>'
+            f'<body style="margin:0;background:#{colour}"><div style="height:100vh"></div>'
+            "</body></html>"
+        )
+        return html.encode(), "text/html; charset=utf-8"
+    return f"hello from {addr}:{port}\n".encode(), "text/plain"
 
 
 class Echo(socketserver.BaseRequestHandler):
