@@ -524,9 +524,7 @@ def image_import(
     ] = None,
     boot: Annotated[
         str | None,
-        typer.Option(
-            help="bios or uefi: the image boots with its own boot loader (no --kernel)."
-        ),
+        typer.Option(help="bios or uefi: the image boots with its own boot loader (no --kernel)."),
     ] = None,
     metadata: Annotated[
         Path | None,
@@ -732,7 +730,7 @@ def serve(
         typer.Option(
             help="IMAGE:N[,IMAGE:N]: keep N desktops of IMAGE (1280x800, 2048 MiB, 2 vCPUs, "
             "no network) restored from a saved state and ready; a matching POST "
-            "/v1/sessions takes one over in about a second (\"start\": \"warm\"). Their "
+            '/v1/sessions takes one over in about a second ("start": "warm"). Their '
             "memory counts in --max-total-memory-mib. Env: DESKVM_WARM_POOL.",
         ),
     ] = None,

@@ -323,9 +323,7 @@ def verify_image(
     from agent_bridge.protocol.results import ImageResult
     from vm_images import VerifyRecord, find_image, mark_verified
 
-    image = find_image(
-        name, settings.images_dir, require_verified=False, content_hash=content_hash
-    )
+    image = find_image(name, settings.images_dir, require_verified=False, content_hash=content_hash)
     try:
         meta = json.loads((image.base_path.parent / "image.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -120,7 +120,9 @@ def screenshots(session: Session, binary: Session, base64: Session, shots: int) 
         "base64": "bridge screenshot, base64 JSON reply",
     }
     for name, values in raw.items():
-        print(f"  {labels[name]:52s} p50 {pct(values, .5):6.1f} ms   p90 {pct(values, .9):6.1f} ms")
+        print(
+            f"  {labels[name]:52s} p50 {pct(values, 0.5):6.1f} ms   p90 {pct(values, 0.9):6.1f} ms"
+        )
     ratio = pct(raw["binary"], 0.5) / pct(raw["fdset"], 0.5)
     print(f"  bridge (binary) / raw QMP screendump, p50: {ratio:.2f}x")
 
@@ -142,6 +144,7 @@ def stream_fps(
     ]
     time.sleep(1.5)  # connected, first frame in
     qemu = qemu_pid(session.id)
+
     def sample() -> tuple[float, float, int, int, float]:
         number = capture.latest.number if capture.latest else 0
         qemu_s = cpu_s(qemu) if qemu else 0.0

@@ -240,8 +240,7 @@ def _check_kinds(kinds: tuple[str, ...]) -> None:
             continue
         hint = _KIND_HINTS.get(kind)
         said = (
-            f"; {kind!r} is carried out as a {hint!r} action: name {hint!r} (it holds every "
-            f"{hint})"
+            f"; {kind!r} is carried out as a {hint!r} action: name {hint!r} (it holds every {hint})"
             if hint is not None
             else ""
         )

@@ -75,9 +75,7 @@ class LiveFrame:
     pts_ns: int
     image: Image.Image
     pixels: np.ndarray = field(repr=False, default_factory=lambda: np.empty((0, 0, 3), np.uint8))
-    _encoded: dict[tuple[Codec, int, int | None], Encoded] = field(
-        default_factory=dict, repr=False
-    )
+    _encoded: dict[tuple[Codec, int, int | None], Encoded] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def cached(
@@ -108,9 +106,7 @@ class Viewer:
     capture thread) whenever a new frame arrives; it must not block.
     """
 
-    def __init__(
-        self, capture: FrameCapture, max_fps: float, wake: Callable[[], None]
-    ) -> None:
+    def __init__(self, capture: FrameCapture, max_fps: float, wake: Callable[[], None]) -> None:
         self.max_fps = max_fps
         self._capture = capture
         self._wake = wake

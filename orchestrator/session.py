@@ -1554,7 +1554,7 @@ class Session:
         if self.start_state is None:
             raise ConfigError(
                 f"session {self.id} started cold and has no saved start state; only sessions "
-                "handed a warm-pool desktop (\"start\": \"warm\") can be reset",
+                'handed a warm-pool desktop ("start": "warm") can be reset',
                 code="reset_unavailable",
             )
         with self._lock:
@@ -1629,6 +1629,7 @@ def _secret_of(action: GuestAction) -> str | None:
 def supported_sizes_hint(width_px: int, height_px: int, memory_kib: int) -> str:
     """A sentence naming the sizes a display with ``memory_kib`` of video memory takes,
     and the nearest ones to ``width_px`` x ``height_px``."""
+
     def fits(w: int, h: int) -> bool:
         try:
             check_display_size(w, h, memory_kib=memory_kib)

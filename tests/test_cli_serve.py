@@ -59,9 +59,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_busy_port_fails_before_the_banner(
-    tmp_path: Path, served: list[dict[str, Any]]
-) -> None:
+def test_a_busy_port_fails_before_the_banner(tmp_path: Path, served: list[dict[str, Any]]) -> None:
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         code, output = _serve(tmp_path, "--port", str(port), "--token", "secret-token-xyz")
@@ -91,9 +89,7 @@ def test_a_given_token_is_not_claimed_to_be_on_disk(
     assert not token_file.exists()
 
 
-def test_a_new_token_is_in_the_token_file(
-    tmp_path: Path, served: list[dict[str, Any]]
-) -> None:
+def test_a_new_token_is_in_the_token_file(tmp_path: Path, served: list[dict[str, Any]]) -> None:
     code, output = _serve(tmp_path, "--port", str(_free_port()))
     assert code == 0, output
     token_file = tmp_path / "state" / "token"

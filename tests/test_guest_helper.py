@@ -227,8 +227,10 @@ def test_hostile_lines_are_dropped(channel_to) -> None:  # type: ignore[no-untyp
         if m["op"] == "hello":
             return [line({**HELLO, "id": rid})]
         if m["op"] == "go":
-            return [line({"id": rid, "ok": True, "count": 1}),
-                    line({"id": rid, "ok": False, "error": "second answer ignored"})]
+            return [
+                line({"id": rid, "ok": True, "count": 1}),
+                line({"id": rid, "ok": False, "error": "second answer ignored"}),
+            ]
         return [
             b"\xff\xfe not json\n",
             b"[1, 2, 3]\n",
@@ -317,9 +319,7 @@ def test_us_text_stays_on_qemu() -> None:
 
 def test_horizontal_wheel_without_qemu_support_goes_to_the_helper_with_its_barrier() -> None:
     hold = parse_combo("ctrl+shift")
-    steps = plan_action(
-        Scroll(x=10, y=20, dx=-3, dy=2, hold=hold), PACING, horizontal_wheel=False
-    )
+    steps = plan_action(Scroll(x=10, y=20, dx=-3, dy=2, hold=hold), PACING, horizontal_wheel=False)
     helper_steps = [s for s in steps if isinstance(s, HelperStep)]
     assert helper_steps == [
         HelperStep("wheel", {"direction": "left", "count": 3, "x": 10, "y": 20, "mods": 0x5}, 0)
@@ -327,9 +327,7 @@ def test_horizontal_wheel_without_qemu_support_goes_to_the_helper_with_its_barri
     # The vertical notches stay on QEMU; the held keys go down before, up after.
     wheels = [e for s in steps for e in s.events if isinstance(e, WheelEvent)]
     assert wheels == [WheelEvent("down"), WheelEvent("down")]
-    ctrl_down = next(
-        i for i, s in enumerate(steps) if s.events == (KeyEvent("ctrl", True),)
-    )
+    ctrl_down = next(i for i, s in enumerate(steps) if s.events == (KeyEvent("ctrl", True),))
     assert ctrl_down < steps.index(helper_steps[0])
 
 

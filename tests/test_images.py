@@ -350,7 +350,9 @@ def test_preseed_path_must_exist(recipes: Path) -> None:
 
 def test_recipe_given_as_a_file_with_its_own_tree(tmp_path: Path) -> None:
     text = (RECIPES_DIR / f"{DEFAULT_IMAGE}.toml").read_text()
-    text = text.replace('sets = ["base", "openbox"]', 'sets = ["base", "openbox"]\ntrees = ["mine"]')
+    text = text.replace(
+        'sets = ["base", "openbox"]', 'sets = ["base", "openbox"]\ntrees = ["mine"]'
+    )
     (tmp_path / "mine" / "etc").mkdir(parents=True)
     (tmp_path / "mine" / "etc" / "motd").write_text("hello\n")
     path = tmp_path / "my-desktop.toml"
@@ -441,7 +443,12 @@ def test_hash_includes_builder_format_version(
 
 def test_find_image_returns_built_verified_image(recipes: Path, tmp_path: Path) -> None:
     images = tmp_path / "images"
-    _edit(recipes, DEFAULT_IMAGE, "boot_timeout_s = 180", "boot_timeout_s = 180\n[[ready.regions]]\nname = \"panel\"\ntop_px = 0\nheight_px = 26")
+    _edit(
+        recipes,
+        DEFAULT_IMAGE,
+        "boot_timeout_s = 180",
+        'boot_timeout_s = 180\n[[ready.regions]]\nname = "panel"\ntop_px = 0\nheight_px = 26',
+    )
     image_dir = _fake_build(recipes, images, DEFAULT_IMAGE)
     image = find_image(DEFAULT_IMAGE, images, recipes_dir=recipes)
     assert isinstance(image, BootImage)
@@ -461,7 +468,9 @@ def test_an_unverified_image_is_refused_with_the_command_to_run(
 ) -> None:
     images = tmp_path / "images"
     image_dir = _fake_build(recipes, images, verified=False)
-    with pytest.raises(ImageNotVerified, match=r"run `deskvm image verify debian12-desktop`") as info:
+    with pytest.raises(
+        ImageNotVerified, match=r"run `deskvm image verify debian12-desktop`"
+    ) as info:
         find_image(DEFAULT_IMAGE, images, recipes_dir=recipes)  # fmt: skip
     assert info.value.code == "image_not_verified"
     assert find_image(DEFAULT_IMAGE, images, recipes_dir=recipes, require_verified=False)
@@ -609,7 +618,9 @@ def test_import_bios_image_with_metadata(tmp_path: Path) -> None:
     )  # fmt: skip
     images = tmp_path / "images"
     phases: list[str] = []
-    image = import_image(disk, "mine", images, metadata=meta, progress=lambda p, f: phases.append(p))
+    image = import_image(
+        disk, "mine", images, metadata=meta, progress=lambda p, f: phases.append(p)
+    )
     assert image.boot == "bios" and image.kernel_path is None
     assert image.helper_port == "dev.deskvm.helper.0"
     assert image.ready.regions[0].height_px == 24

@@ -245,13 +245,14 @@ def test_desktop_drawn_waits_for_each_ready_region() -> None:
     )
     assert ready and "panel drawn" in reason
     bottom = ReadyCheck(regions=(ReadyRegion("dock", top_px=-24, height_px=24),))
-    assert not desktop_drawn(
-        desktop, width_px=640, height_px=480, background_rgb=bg, ready=bottom
-    )[0]
+    assert not desktop_drawn(desktop, width_px=640, height_px=480, background_rgb=bg, ready=bottom)[
+        0
+    ]
     strict = ReadyCheck(min_background_share=0.9)
-    assert "background covers" in desktop_drawn(
-        desktop, width_px=640, height_px=480, background_rgb=bg, ready=strict
-    )[1]
+    assert (
+        "background covers"
+        in desktop_drawn(desktop, width_px=640, height_px=480, background_rgb=bg, ready=strict)[1]
+    )
 
 
 def test_close_cuts_a_running_wait_short() -> None:

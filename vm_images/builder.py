@@ -263,7 +263,7 @@ def finalize_script(recipe: Recipe) -> str:
         "if command -v fc-cache >/dev/null; then",
         "    for dir in /usr/share/fonts /usr/local/share/fonts /var/cache/fontconfig; do",
         '        [ -d "$dir" ] || continue',
-        "        find \"$dir\" -type d -exec sh -c "
+        '        find "$dir" -type d -exec sh -c '
         '\'for d; do touch -m -d "@$(stat -c %Y "$d")" "$d"; done\' sh {} +',
         "    done",
         "    fc-cache -s >/dev/null 2>&1 || true",
@@ -648,5 +648,3 @@ def _remove_build_dir(path: Path) -> None:
 def _q(path: Path) -> str:
     """Quote a path for the shell mmdebstrap runs hooks with."""
     return "'" + str(path).replace("'", "'\\''") + "'"
-
-

@@ -30,9 +30,7 @@ INSTALLER_OWNED = ("etc/fstab", "etc/hostname", "etc/hosts")
 """Generated files an installed system keeps its own version of."""
 
 
-def write_guest_files(
-    name: str, target: Path, *, installed_system: bool = False
-) -> Path:
+def write_guest_files(name: str, target: Path, *, installed_system: bool = False) -> Path:
     """Materialize recipe ``name`` (name or ``.toml`` path) into ``target`` (created).
 
     Returns:

@@ -56,9 +56,7 @@ class ImportMetadata(_Strict):
     kernel_cmdline: Annotated[str, StringConstraints(pattern=r"^[ -~]{0,1024}$")] = (
         "root=/dev/vda rw console=ttyS0,115200"
     )
-    helper_port: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9.]{0,62}$")] | None = (
-        None
-    )
+    helper_port: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9.]{0,62}$")] | None = None
     background_rgb: list[Channel] = Field(
         default_factory=lambda: [0x2E, 0x4A, 0x62], min_length=3, max_length=3
     )
@@ -143,7 +141,7 @@ def import_image(
         if chosen is None or chosen == "direct":
             raise RecipeError(
                 "say how the image boots: --kernel K --initrd I (direct kernel boot) or "
-                "--boot bios|uefi (its own boot loader), or put \"boot\" in the metadata file"
+                '--boot bios|uefi (its own boot loader), or put "boot" in the metadata file'
             )
         mode = chosen
     cmdline = kernel_cmdline if kernel_cmdline is not None else meta.kernel_cmdline
@@ -217,9 +215,7 @@ def import_image(
     return boot_image(final, image_meta)
 
 
-def _copy_hashing(
-    source: Path, target: Path, digest: Any, on_bytes: Callable[[int], None]
-) -> None:
+def _copy_hashing(source: Path, target: Path, digest: Any, on_bytes: Callable[[int], None]) -> None:
     with source.open("rb") as src, target.open("wb") as dst:
         while chunk := src.read(_CHUNK):
             digest.update(chunk)

@@ -130,7 +130,8 @@ class BaseModelSection(_Strict):
         description="suites of deb.debian.org taken from the host's apt sources",
     )
     components: list[Literal["main", "contrib", "non-free", "non-free-firmware"]] = Field(
-        default_factory=lambda: ["main"], min_length=1  # type: ignore[arg-type]
+        default_factory=lambda: ["main"],
+        min_length=1,  # type: ignore[arg-type]
     )
 
 
@@ -191,8 +192,8 @@ class UserModel(_Strict):
     name: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
     uid: int = Field(ge=1000, le=59999)
     shell: Literal["/bin/bash", "/bin/sh", "/usr/sbin/nologin"] = "/bin/bash"
-    groups: list[Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]] = (
-        Field(default_factory=list)
+    groups: list[Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]] = Field(
+        default_factory=list
     )
     autologin: bool = False
     comment: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9 ._-]{0,64}$")] = ""
@@ -247,9 +248,7 @@ class BootSection(_Strict):
 
     kernel_cmdline: Annotated[str, StringConstraints(pattern=r"^[ -~]{1,1024}$")]
     headroom_mib: int = Field(1024, ge=0, le=65536)
-    helper_port: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9.]{0,62}$")] | None = (
-        None
-    )
+    helper_port: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9.]{0,62}$")] | None = None
     hostname: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = "deskvm"
     qcow2_compression: Literal["none", "zlib", "zstd"] = "none"
 
@@ -449,9 +448,7 @@ def list_recipes(*, recipes_dir: Path | None = None) -> list[str]:
     root = recipes_dir if recipes_dir is not None else RECIPES_DIR
     if not root.is_dir():
         return []
-    return sorted(
-        p.stem for p in root.glob("*.toml") if p.is_file() and NAME_RE.match(p.stem)
-    )
+    return sorted(p.stem for p in root.glob("*.toml") if p.is_file() and NAME_RE.match(p.stem))
 
 
 def recipe_path(name: str, *, recipes_dir: Path | None = None) -> Path:

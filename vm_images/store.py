@@ -325,9 +325,7 @@ def find_image(
     else:
         complete = _complete_dirs(name_dir)
         if not complete:
-            known = sorted(
-                {*list_recipes(recipes_dir=recipes_dir), *_store_names(images_dir)}
-            )
+            known = sorted({*list_recipes(recipes_dir=recipes_dir), *_store_names(images_dir)})
             raise ImageNotFound(
                 f"no image recipe named {name!r} and no such image under {images_dir} "
                 f"(known: {', '.join(known) or 'none'}); build one with `deskvm image build` "
@@ -349,9 +347,7 @@ def _store_names(images_dir: Path) -> list[str]:
     return sorted(p.name for p in images_dir.iterdir() if p.is_dir() and NAME_RE.match(p.name))
 
 
-def image_records(
-    images_dir: Path, *, recipes_dir: Path | None = None
-) -> list[ImageRecord]:
+def image_records(images_dir: Path, *, recipes_dir: Path | None = None) -> list[ImageRecord]:
     """Every complete image in the store, by name then build time.
 
     Raises:
@@ -388,9 +384,7 @@ def _disk_usage(path: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in path.iterdir() if p.is_file())
 
 
-def remove_image(
-    name: str, images_dir: Path, *, content_hash: str | None = None
-) -> list[Path]:
+def remove_image(name: str, images_dir: Path, *, content_hash: str | None = None) -> list[Path]:
     """Delete images of ``name`` (all of them, or the one whose hash starts with
     ``content_hash``). The caller checks that no running domain uses them.
 

@@ -174,6 +174,7 @@ def create_cluster_app(bridge: ClusterBridge) -> FastAPI:
     Returns:
         A FastAPI app; errors answer ``{"error": {"code", "message"}}`` as on one machine.
     """
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:

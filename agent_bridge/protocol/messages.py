@@ -77,6 +77,7 @@ def json_type(value: Any) -> str:
         return "array"
     return "object"
 
+
 MAX_TEXT_CHARS = 100_000
 
 ClientId = str | int | float | None

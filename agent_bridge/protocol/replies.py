@@ -78,8 +78,10 @@ def split_screenshot_after(
         value = raw.get(name, default)
         if value is None:
             raise ProtocolError(f"screenshot_after needs {name}", code="invalid_action")
-        if isinstance(value, bool) or not isinstance(value, int) or not (
-            0 <= value <= MAX_SETTLE_MS
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not (0 <= value <= MAX_SETTLE_MS)
         ):
             raise ProtocolError(
                 f"screenshot_after.{name} must be an integer 0..{MAX_SETTLE_MS} (ms), "

@@ -213,8 +213,7 @@ def cookie_principal(
     unsafe = method is not None and method not in ("GET", "HEAD")
     if unsafe and connection.headers.get(CSRF_HEADER, "").lower() != CSRF_VALUE:
         raise TokenError(
-            f"a request signed in by cookie must send the header 'X-Requested-With: "
-            f"{CSRF_VALUE}'",
+            f"a request signed in by cookie must send the header 'X-Requested-With: {CSRF_VALUE}'",
             code="forbidden",
         )
     if not scope_allows(claims.scope, need):

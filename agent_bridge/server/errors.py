@@ -141,8 +141,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     elif kind == "model_attributes_type":
         message = "the body must be a JSON object"
     details = [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
-        for e in errors
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in errors
     ]
     return plain_error("invalid_request", message, 422, details=details)
 

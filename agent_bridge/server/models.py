@@ -494,7 +494,6 @@ class HealthResponse(BaseModel):
     )
 
 
-
 class ErrorDetail(BaseModel):
     """The ``error`` object of every error body."""
 

@@ -38,6 +38,8 @@ def ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
     """Send one WebSocket message and return the reply."""
     ws.send_text(json.dumps(message))
     return ws.receive_json()  # type: ignore[no-any-return]
+
+
 IMAGE = "test-desktop"
 
 

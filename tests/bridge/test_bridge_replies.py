@@ -98,13 +98,15 @@ def test_screenshot_after_waits_for_a_still_screen(
     frame = recording.events[after["frame_seq"]]
     assert frame["kind"] == "frame" and frame["data"]["reason"] == "settled"
     result = recording.events[after["frame_seq"] + 1]
-    assert result["data"] == {"action": "screenshot_after", "settled": True,
-                              "waited_ms": after["waited_ms"], "frame_seq": after["frame_seq"]}
+    assert result["data"] == {
+        "action": "screenshot_after",
+        "settled": True,
+        "waited_ms": after["waited_ms"],
+        "frame_seq": after["frame_seq"],
+    }
 
 
-def test_screenshot_after_times_out_flagged(
-    client: TestClient, hypervisor: FakeHypervisor
-) -> None:
+def test_screenshot_after_times_out_flagged(client: TestClient, hypervisor: FakeHypervisor) -> None:
     sid = create_session(client, display={"width": 320, "height": 320})["id"]
     display = hypervisor.domains[sid].display
     rng = np.random.default_rng(1)

@@ -123,9 +123,12 @@ def test_closing_the_control_socket_hands_back(client: TestClient) -> None:
 def test_one_holder_at_a_time_and_scopes(client: TestClient) -> None:
     sid = create_session(client)["id"]
     viewer = _token(client, sid, "view")
-    with pytest.raises(WebSocketDisconnect), client.websocket_connect(
-        f"/v1/sessions/{sid}/control", headers=_bearer(viewer["token"])
-    ) as ws:
+    with (
+        pytest.raises(WebSocketDisconnect),
+        client.websocket_connect(
+            f"/v1/sessions/{sid}/control", headers=_bearer(viewer["token"])
+        ) as ws,
+    ):
         ws.receive_json()
     with (
         client.websocket_connect(f"/v1/sessions/{sid}/control") as first,

@@ -313,6 +313,8 @@ def test_click_lands_exactly_deskvm(probe: Probe, where: str) -> None:
 
 
 BUTTONS = {"left": 1, "middle": 2, "right": 3, "back": 8, "forward": 9}
+
+
 # The pointer is QEMU's virtio tablet, which carries side/extra (back/forward) buttons.
 @pytest.mark.parametrize(
     "button",

@@ -170,9 +170,7 @@ def _agent_click(session: Session, x: int, y: int, outcome: list[Any]) -> None:
         agent.close()
 
 
-def test_take_over_holds_the_agent_and_hand_back_releases_it(
-    page: Page, session: Session
-) -> None:
+def test_take_over_holds_the_agent_and_hand_back_releases_it(page: Page, session: Session) -> None:
     probe = ProbeReader(session)
     since = probe.mark()
     page.click("#takeover")

@@ -340,7 +340,6 @@ class _Connection:
                 }
             )
 
-
     def _reply(
         self,
         client_id: ClientId,
@@ -441,9 +440,7 @@ def _scaler_from_query(
     if scale_to is None and max_long_edge is None:
         return None
     if scale_to is not None and max_long_edge is not None:
-        raise ProtocolError(
-            "give scale_to=WxH or max_long_edge=N, not both", code="invalid_query"
-        )
+        raise ProtocolError("give scale_to=WxH or max_long_edge=N, not both", code="invalid_query")
     lo, hi = 16, MAX_DISPLAY_PX
     try:
         if scale_to is not None:

@@ -219,7 +219,7 @@ async def _human_action(
     control = bridge.controls.holder(session.id)
     if control is None or control.handle != handle:
         raise ActionError(
-            "take the session over first ({\"op\": \"take_over\"})", code="not_in_control"
+            'take the session over first ({"op": "take_over"})', code="not_in_control"
         )
     actions = vocabulary.parse(body)
     check_scope(principal.scope, actions)
@@ -233,4 +233,3 @@ async def _human_action(
 
     reply: dict[str, Any] = await anyio.to_thread.run_sync(run)
     return reply
-

@@ -40,17 +40,13 @@ async def mint_token(
     return TokenInfo.of(claims, minted)
 
 
-@router.get(
-    "", response_model=list[TokenInfo], dependencies=[Depends(SessionGuard("admin"))]
-)
+@router.get("", response_model=list[TokenInfo], dependencies=[Depends(SessionGuard("admin"))])
 async def list_tokens(session_id: str, bridge: Bridge) -> list[TokenInfo]:
     """Unexpired, unrevoked tokens of this session (ids and scopes, never the tokens)."""
     return [TokenInfo.of(c) for c in bridge.authority.issued(session_id)]
 
 
-@router.delete(
-    "/{token_id}", status_code=204, dependencies=[Depends(SessionGuard("admin"))]
-)
+@router.delete("/{token_id}", status_code=204, dependencies=[Depends(SessionGuard("admin"))])
 async def revoke_token(session_id: str, token_id: str, bridge: Bridge) -> Response:
     """Revoke a token of this session: refused from now on.
 
