@@ -174,23 +174,13 @@ class FakeX11:
 
     def __init__(self, table: dict[int, list[int]]) -> None:
         self.table = table
-        self.calls: list[tuple[Any, ...]] = []  # ("bind", {keycode: keysym}) / ("key", kc)
+        self.bound: list[tuple[int, list[int]]] = []
 
     def keyboard_mapping(self) -> tuple[int, dict[int, list[int]]]:
         return 7, self.table
 
-    def bind(self, bindings: dict[int, int]) -> None:
-        self.calls.append(("bind", dict(bindings)))
-
-    def keys_down(self) -> list[int]:
-        return []
-
-    def key(self, keycode: int, down: bool) -> None:
-        if down:
-            self.calls.append(("key", keycode))
-
-    def flush(self) -> None:
-        pass
+    def bind(self, keycode: int, keysyms: list[int]) -> None:
+        self.bound.append((keycode, keysyms))
 
     def sync(self) -> None:
         pass
@@ -215,34 +205,3 @@ def test_a_restarted_helper_takes_back_the_keycodes_an_earlier_one_bound() -> No
     assert injector.free == [100, 101, 102]
     assert injector.on_map[0xF1] == (104, False) and 0x01007F8E not in injector.on_map
     assert injector.on_map[0xD1] == (104, True)  # the real key's second level wins
-
-
-def test_a_request_changes_the_keyboard_map_once_before_its_first_key(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """All of a request's new bindings are one map change, made before any of its keys;
-    a later request replaces only the least recently used bindings it does not need, and
-    waits for their reuse age and the gap since the previous change."""
-    helper = load_helper()
-    slept: list[float] = []
-    monkeypatch.setattr(helper.time, "sleep", slept.append)
-    table = {10: [0x61, 0x41, 0x61, 0x41, 0, 0, 0], 50: [0xFFE1, 0, 0xFFE1, 0, 0, 0, 0]}
-    table.update({kc: [0] * 7 for kc in (100, 101, 102)})
-    x = FakeX11(table)
-    injector = helper.Injector(x)
-    sym = helper.char_keysym
-
-    injector.type_text("ÑaÑñ")
-    assert x.calls == [("bind", {100: sym("Ñ"), 101: sym("ñ")}),
-                       ("key", 100), ("key", 10), ("key", 100), ("key", 101)]  # fmt: skip
-    assert helper.MAP_SETTLE_S in slept
-
-    x.calls.clear()
-    slept.clear()
-    injector.type_text("ñ€¥")  # ñ kept; € takes the free 102; ¥ replaces Ñ (least recent)
-    assert x.calls == [("bind", {102: sym("€"), 100: sym("¥")}),
-                       ("key", 101), ("key", 102), ("key", 100)]  # fmt: skip
-    waited_s = [s for s in slept if s != helper.MAP_SETTLE_S and s != helper.KEY_PAUSE_S]
-    assert waited_s and max(waited_s) <= helper.REUSE_AGE_S  # Ñ's reuse age (fake sleep)
-
-    x.calls.clear()
-    injector.type_text("ñ€¥a")  # everything bound already: no map change
-    assert [c for c in x.calls if c[0] == "bind"] == []
