@@ -13,8 +13,8 @@ from __future__ import annotations
 
 __all__ = ["MODEL", "TABLES", "XKB_DATA_VERSION"]
 
-XKB_DATA_VERSION = "2.35.1-1"
-MODEL = "pc105"
+XKB_DATA_VERSION = '2.35.1-1'
+MODEL = 'pc105'
 
 TABLES: dict[str, dict[str, tuple[tuple[str, ...], ...]]] = {
     'us': {
