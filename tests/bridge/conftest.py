@@ -43,7 +43,10 @@ def ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
 IMAGE = "test-desktop"
 
 
-def _resolver(root: Path):  # type: ignore[no-untyped-def]
+def _resolver(root: Path, helper_port: str | None = None):  # type: ignore[no-untyped-def]
+    """An image resolver knowing only ``IMAGE`` (files under ``root``, never read by the fake
+    hypervisor); ``helper_port`` gives the image a guest helper channel."""
+
     def resolve(name: str) -> BootImage:
         if name != IMAGE:
             raise ImageNotFound(f"no built image {name!r}; build it with 'deskvm image build'")
@@ -53,6 +56,7 @@ def _resolver(root: Path):  # type: ignore[no-untyped-def]
             base_path=root / "base.qcow2",
             kernel_path=root / "vmlinuz",
             initrd_path=root / "initrd.img",
+            helper_port=helper_port,
         )
 
     return resolve
@@ -63,16 +67,22 @@ def hypervisor() -> FakeHypervisor:
     return FakeHypervisor()
 
 
-@pytest.fixture
-def manager(tmp_path: Path, hypervisor: FakeHypervisor) -> SessionManager:
+def fake_manager(tmp_path: Path, hypervisor: FakeHypervisor, **resolver: Any) -> SessionManager:
+    """A SessionManager on the fake hypervisor with no input pacing (``resolver``: see
+    ``_resolver``)."""
     return SessionManager(
         hypervisor=hypervisor,
-        resolve_image=_resolver(tmp_path),
+        resolve_image=_resolver(tmp_path, **resolver),
         recordings_dir=tmp_path / "recordings",
         max_sessions=2,
         pacing=Pacing(0, 0, 0, 0, 0),
         ready_poll_s=0.01,
     )
+
+
+@pytest.fixture
+def manager(tmp_path: Path, hypervisor: FakeHypervisor) -> SessionManager:
+    return fake_manager(tmp_path, hypervisor)
 
 
 @pytest.fixture

@@ -274,11 +274,11 @@ def test_a_reset_returns_to_the_created_display(tmp_path: Path) -> None:
     from orchestrator.manager import SessionManager
     from orchestrator.pool import PoolTarget
     from orchestrator.settings import Settings
-    from tests.guest.conftest import IMAGE, _resolver
+    from tests.guest.conftest import HELPER_PORT, IMAGE, _resolver
 
     manager = SessionManager(
         hypervisor=FakeHypervisor(),
-        resolve_image=_resolver(tmp_path),
+        resolve_image=_resolver(tmp_path, helper_port=HELPER_PORT),
         recordings_dir=tmp_path / "recordings",
         pacing=Pacing(0, 0, 0, 0, 0),
         ready_poll_s=0.01,
