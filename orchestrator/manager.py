@@ -517,7 +517,12 @@ class SessionManager:
         closed = []
         for session in self.live():
             reason = session.expiry()
-            if reason is None and session.state == "ready" and not session.domain_running():
+            if (
+                reason is None
+                and session.state == "ready"
+                and not session.resetting  # its domain is replaced meanwhile
+                and not session.domain_running()
+            ):
                 reason = CLOSED_DOMAIN_STOPPED
             if reason is not None:
                 with contextlib.suppress(DeskvmError):

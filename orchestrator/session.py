@@ -375,6 +375,7 @@ class Session:
         self._deadline_lock = threading.Lock()
         self._persist_lock = threading.Lock()
         self._expired: str | None = None
+        self._resetting = False
         self._store_error_reported = False
         self._display_memory_kib = spec.display.memory_kib
         self._created_display = spec.display
@@ -865,9 +866,18 @@ class Session:
 
     def expiry(self) -> str | None:
         """:data:`CLOSED_TTL` or :data:`CLOSED_IDLE` once a deadline has passed, else
-        ``None``. Sticky: once expired, always expired (an extension comes too late)."""
+        ``None``. Sticky: once expired, always expired (an extension comes too late).
+        ``None`` while a :meth:`reset` runs (it is activity; a ttl that ran out meanwhile
+        is seen after it)."""
         with self._deadline_lock:
+            if self._resetting:
+                return None
             return self._expiry_locked(self._clock.monotonic_ns())
+
+    @property
+    def resetting(self) -> bool:
+        """Whether a :meth:`reset` is under way (its domain is briefly gone)."""
+        return self._resetting
 
     def extend_ttl(self, ttl_s: float, *, max_ttl_s: float | None) -> None:
         """Set the session's lifetime to ``ttl_s`` seconds from its creation.
@@ -1558,60 +1568,92 @@ class Session:
                 code="reset_unavailable",
             )
         with self._lock:
-            if self._state != "ready" or self._domain is None:
-                raise SessionClosed(f"session {self.id} is {self._state}, not ready")
-            t0 = self._clock.monotonic_ns()
-            self._recorder.append("lifecycle", {"event": "reset", "count": self.resets + 1})
-            with contextlib.suppress(DeskvmError):
-                self._log_before_reset += self._domain.read_guest_log()
-            if self.spec.display != self._created_display:
-                # The saved start state has the display the session was created with.
-                self.spec = dataclasses.replace(self.spec, display=self._created_display)
-            domain = self._hypervisor.reset(self.spec, self.start_state)
-            self._domain = domain
-            if self._frames is not None:
-                self._frames.replace_display(domain.display)
-            self.clock_offset_s = domain.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
-            self._keys_down.clear()
-            self._buttons_down.clear()
-            self._cursor = (self.spec.display.width_px // 2, self.spec.display.height_px // 2)
-            self.typed = TypedWindow()
-            deadline_ns = t0 + int(RESET_READY_TIMEOUT_S * 1e9)
-            while True:
-                if self._closing.is_set():
-                    raise SessionClosed(f"session {self.id} was closed while resetting")
-                image = domain.display.screendump()
-                d = self.spec.display
-                ready, reason = desktop_drawn(
-                    image,
-                    width_px=d.width_px,
-                    height_px=d.height_px,
-                    background_rgb=self.spec.image.background_rgb,
-                    ready=self.spec.image.ready,
-                )
-                if ready:
-                    self._record_frame(image, reason="ready", source="system")
-                    break
-                if self._clock.monotonic_ns() >= deadline_ns:
-                    raise BootTimeout(
-                        f"session {self.id}: the reset desktop was not drawn within "
-                        f"{RESET_READY_TIMEOUT_S:g} s ({reason})",
-                        console_tail=domain.console_tail(),
+            with self._deadline_lock:
+                if self._state != "ready" or self._domain is None:
+                    raise SessionClosed(f"session {self.id} is {self._state}, not ready")
+                expired = self._expiry_locked(self._clock.monotonic_ns())
+                if expired is not None:
+                    raise SessionClosed(
+                        f"session {self.id} has expired ({expired})", code="session_expired"
                     )
-                self._clock.sleep(self._ready_poll_s)
-            self.resets += 1
-            self.last_reset_s = round((self._clock.monotonic_ns() - t0) / 1e9, 3)
-            self.last_action_ns = self._clock.monotonic_ns()
-            self._recorder.append(
-                "lifecycle",
-                {
-                    "event": "reset_done",
-                    "count": self.resets,
-                    "reset_s": self.last_reset_s,
-                    "clock_offset_s": self.clock_offset_s,
-                },
+                self._resetting = True
+            try:
+                return self._reset_locked()
+            finally:
+                with self._deadline_lock:
+                    self._resetting = False
+
+    def _reset_locked(self) -> float:
+        """The reset itself; the action lock is held and ``_resetting`` is set."""
+        assert self.start_state is not None and self._domain is not None
+        t0 = self._clock.monotonic_ns()
+        self._recorder.append("lifecycle", {"event": "reset", "count": self.resets + 1})
+        with contextlib.suppress(DeskvmError):
+            self._log_before_reset += self._domain.read_guest_log()
+        if self.spec.display != self._created_display:
+            # The saved start state has the display the session was created with.
+            self.spec = dataclasses.replace(self.spec, display=self._created_display)
+        try:
+            domain = self._hypervisor.reset(self.spec, self.start_state)
+        except DeskvmError:
+            self._check_not_closed_during_reset()
+            raise
+        self._check_not_closed_during_reset()
+        self._domain = domain
+        if self._frames is not None:
+            self._frames.replace_display(domain.display)
+        self.clock_offset_s = domain.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
+        self._keys_down.clear()
+        self._buttons_down.clear()
+        self._cursor = (self.spec.display.width_px // 2, self.spec.display.height_px // 2)
+        self.typed = TypedWindow()
+        deadline_ns = t0 + int(RESET_READY_TIMEOUT_S * 1e9)
+        while True:
+            if self._closing.is_set():
+                raise SessionClosed(f"session {self.id} was closed while resetting")
+            image = domain.display.screendump()
+            d = self.spec.display
+            ready, reason = desktop_drawn(
+                image,
+                width_px=d.width_px,
+                height_px=d.height_px,
+                background_rgb=self.spec.image.background_rgb,
+                ready=self.spec.image.ready,
             )
-            return self.last_reset_s
+            if ready:
+                self._record_frame(image, reason="ready", source="system")
+                break
+            if self._clock.monotonic_ns() >= deadline_ns:
+                raise BootTimeout(
+                    f"session {self.id}: the reset desktop was not drawn within "
+                    f"{RESET_READY_TIMEOUT_S:g} s ({reason})",
+                    console_tail=domain.console_tail(),
+                )
+            self._clock.sleep(self._ready_poll_s)
+        self.resets += 1
+        self.last_reset_s = round((self._clock.monotonic_ns() - t0) / 1e9, 3)
+        self.last_action_ns = self._clock.monotonic_ns()
+        self._recorder.append(
+            "lifecycle",
+            {
+                "event": "reset_done",
+                "count": self.resets,
+                "reset_s": self.last_reset_s,
+                "clock_offset_s": self.clock_offset_s,
+            },
+        )
+        return self.last_reset_s
+
+    def _check_not_closed_during_reset(self) -> None:
+        """After the restore of a reset: a session closed meanwhile stays closed.
+
+        ``close`` sets ``_closing`` before it destroys the domain, so either its destroy
+        came after the restore (the domain is gone) or the flag is seen here.
+        """
+        if self._closing.is_set():
+            with contextlib.suppress(DeskvmError):
+                self._hypervisor.destroy(self.id)
+            raise SessionClosed(f"session {self.id} was closed while resetting")
 
 
 def _secret_of(action: GuestAction) -> str | None:

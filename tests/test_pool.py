@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.clock import FakeClock
+from orchestrator.errors import ConfigError, SessionClosed
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.manager import SessionManager
 from orchestrator.pool import DEFAULT_CPU_WEIGHT, POOL_CPU_WEIGHT, PoolTarget, parse_warm_pool
@@ -212,3 +214,104 @@ def test_a_failed_template_save_leaves_nothing_and_is_reported(tmp_path: Path) -
 def test_a_pool_needs_server_made_ids(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="warm pool"):
         manager(tmp_path, FakeHypervisor(), new_id=lambda: "abcdef012345")
+
+
+def test_a_reset_session_has_a_live_sessions_cpu_weight(tmp_path: Path) -> None:
+    # The template was saved at the pool's low weight: a restore of its state inherits it.
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        session = create(m)
+        assert hv.domains[session.id].cpu_weight == DEFAULT_CPU_WEIGHT
+        m.reset(session.id)
+        assert hv.domains[session.id].cpu_weight == DEFAULT_CPU_WEIGHT
+    finally:
+        m.close_all()
+        m.close_pool()
+
+
+def _blocked_reset(hv: FakeHypervisor) -> tuple[threading.Event, threading.Event]:
+    """Make the next reset stop between destroying the old domain and restoring the new
+    one (where a real reset spends its second); returns (entered, release)."""
+    entered, release = threading.Event(), threading.Event()
+    real = hv.reset
+
+    def reset(spec, state):
+        hv.domains[spec.session_id].running = False  # the old domain is destroyed first
+        entered.set()
+        assert release.wait(5)
+        return real(spec, state)
+
+    hv.reset = reset  # type: ignore[method-assign]
+    return entered, release
+
+
+def test_the_sweeper_leaves_a_session_being_reset_alone(tmp_path: Path) -> None:
+    clock = FakeClock()
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1, clock=clock)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        session = create(m, idle_timeout_s=60)
+        entered, release = _blocked_reset(hv)
+        errors: list[BaseException] = []
+
+        def reset() -> None:
+            try:
+                m.reset(session.id)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=reset)
+        thread.start()
+        assert entered.wait(5)
+        clock.advance(61)  # past the idle deadline, and the old domain is gone
+        expired, reaped = m.sweep()
+        release.set()
+        thread.join(5)
+        assert (expired, reaped, errors) == ([], [], [])
+        assert session.state == "ready" and session.resets == 1
+        assert hv.domains[session.id].running
+        # The reset counts as activity: the idle deadline starts again after it.
+        clock.advance(30)
+        assert m.sweep() == ([], [])
+        clock.advance(31)
+        assert m.sweep()[0] == [session.id]
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {}
+
+
+def test_a_session_deleted_during_its_reset_stays_deleted(tmp_path: Path) -> None:
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        session = create(m)
+        entered, release = _blocked_reset(hv)
+        errors: list[BaseException] = []
+
+        def reset() -> None:
+            try:
+                m.reset(session.id)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=reset)
+        thread.start()
+        assert entered.wait(5)
+        m.delete(session.id, reason="ttl expired")
+        release.set()
+        thread.join(5)
+        assert len(errors) == 1 and isinstance(errors[0], SessionClosed), errors
+        assert session.state == "closed" and session.closed_reason == "ttl expired"
+        assert session.id not in hv.domains, "the reset brought a deleted session back"
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {}

@@ -85,6 +85,10 @@ class NicAttachment:
     tap: str | None = None
 
 
+LIVE_CPU_WEIGHT = 1024
+"""cgroup CPU shares of a live session's domain (libvirt's default)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SavedState:
     """A session domain's saved running state: what warm starts and resets restore.
@@ -229,7 +233,10 @@ class Hypervisor(Protocol):
         """Replace the session's running domain by a fresh restore of ``state``.
 
         The domain is destroyed, its overlay deleted; the same session id, directory and
-        helper socket are used again. On failure the session's domain is gone.
+        helper socket are used again. The new domain runs at a live session's CPU weight
+        (:data:`LIVE_CPU_WEIGHT`) and memory hard limit, whatever the saved state had (a
+        warm pool saves its template at a low weight). On failure the session's domain
+        is gone.
 
         Raises:
             HypervisorError: the restore failed (the session has no domain any more).

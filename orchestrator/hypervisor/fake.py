@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator.display.fake import FakeDisplay, FakeGuestHelper
 from orchestrator.errors import HypervisorError
-from orchestrator.hypervisor.base import Accel, NicAttachment, SavedState
+from orchestrator.hypervisor.base import LIVE_CPU_WEIGHT, Accel, NicAttachment, SavedState
 from orchestrator.spec import SessionSpec
 
 __all__ = ["FakeDomain", "FakeHypervisor"]
@@ -210,7 +210,10 @@ class FakeHypervisor:
                 raise HypervisorError(f"injected failure saving {session_id}")
             dest.mkdir(mode=0o711)
             state = SavedState(root=dest, disk_cap_mib=1024)
-            state.state_file.write_text(json.dumps({"session_id": session_id}))
+            # As libvirt's save image, the state keeps the domain's live CPU weight.
+            state.state_file.write_text(
+                json.dumps({"session_id": session_id, "cpu_weight": domain.cpu_weight})
+            )
             state.disk.write_bytes(b"frozen")
             self.saved.append(session_id)
             return state
@@ -220,8 +223,10 @@ class FakeHypervisor:
     ) -> FakeDomain:
         with self._lock:
             try:
-                json.loads(state.state_file.read_text())["session_id"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                saved = json.loads(state.state_file.read_text())
+                saved["session_id"]
+                saved_weight = int(saved.get("cpu_weight", 1024))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise HypervisorError(
                     f"could not restore session {spec.session_id} from {state.state_file}: {exc}"
                 ) from exc
@@ -235,8 +240,7 @@ class FakeHypervisor:
                 horizontal_wheel=self._horizontal_wheel,
                 restored_from=state.state_file,
             )
-            if cpu_weight is not None:
-                domain.cpu_weight = cpu_weight
+            domain.cpu_weight = saved_weight if cpu_weight is None else cpu_weight
             self.domains[spec.session_id] = domain
             self.restored.append(spec.session_id)
             return domain
@@ -256,6 +260,7 @@ class FakeHypervisor:
             domain = FakeDomain(
                 spec, None, horizontal_wheel=self._horizontal_wheel, restored_from=state.state_file
             )
+            domain.cpu_weight = LIVE_CPU_WEIGHT
             self.domains[spec.session_id] = domain
             self.restored.append(spec.session_id)
             return domain

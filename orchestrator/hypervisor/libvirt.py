@@ -39,7 +39,13 @@ from orchestrator.errors import (
     HostSetupError,
     HypervisorError,
 )
-from orchestrator.hypervisor.base import Accel, NicAttachment, SavedState, SessionPaths
+from orchestrator.hypervisor.base import (
+    LIVE_CPU_WEIGHT,
+    Accel,
+    NicAttachment,
+    SavedState,
+    SessionPaths,
+)
 from orchestrator.hypervisor.domain_xml import (
     KEYBOARD_ALIAS,
     METADATA_NS,
@@ -549,7 +555,7 @@ class LibvirtHypervisor:
         for path in (paths.overlay, paths.root / "restore.fifo"):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        return self._restore(spec, state, cpu_weight=None, fresh=False)
+        return self._restore(spec, state, cpu_weight=LIVE_CPU_WEIGHT, fresh=False)
 
     def _restore(
         self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None, fresh: bool

@@ -12,11 +12,14 @@ from __future__ import annotations
 import re
 import time
 
+import libvirt
 from PIL import Image
 
 from agent_bridge.protocol import parse_deskvm_action
 from agent_bridge.protocol.results import ImageResult
 from agent_bridge.runtime import build_manager
+from orchestrator.hypervisor.base import LIVE_CPU_WEIGHT
+from orchestrator.hypervisor.domain_xml import domain_name
 from orchestrator.session import Session
 from orchestrator.settings import Settings
 from orchestrator.spec import DisplaySpec
@@ -37,6 +40,14 @@ def _wait_for(session: Session, pattern: str, timeout_s: float) -> re.Match[str]
             return found
         time.sleep(0.2)
     raise AssertionError(f"{pattern!r} never reached the guest log of {session.id}")
+
+
+def _cpu_shares(settings: Settings, session_id: str) -> int:
+    conn = libvirt.open(settings.libvirt_uri)
+    try:
+        return int(conn.lookupByName(domain_name(session_id)).schedulerParameters()["cpu_shares"])
+    finally:
+        conn.close()
 
 
 def _focus_xterm(session: Session) -> None:
@@ -62,6 +73,7 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
             sessions.append(session)
             assert session.start_kind == "warm", session.start_phases_s
             assert session.clock_offset_s is not None and abs(session.clock_offset_s) < 1.0
+            assert _cpu_shares(settings, session.id) == LIVE_CPU_WEIGHT
         randoms, offsets = [], []
         for n, session in enumerate(sessions):
             _focus_xterm(session)
@@ -88,6 +100,8 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
         _wait_for(first, r"marked", 60)
         reset_s = manager.reset(first.id).last_reset_s
         assert first.resets == 1 and reset_s is not None
+        # The template was saved at the pool's low CPU weight: the reset one runs as live.
+        assert _cpu_shares(settings, first.id) == LIVE_CPU_WEIGHT
         assert first.clock_offset_s is not None and abs(first.clock_offset_s) < 1.0
         _focus_xterm(first)
         _act(
