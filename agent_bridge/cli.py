@@ -613,9 +613,23 @@ def image_files(
 @_errors
 def serve(
     host: Annotated[
-        str, typer.Option(help="Address to listen on. Keep 127.0.0.1 unless behind TLS.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+        str | None,
+        typer.Option(
+            help="Address to listen on. Keep 127.0.0.1 unless behind TLS. \\[default: 127.0.0.1]"
+        ),
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port. \\[default: 8765]")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            metavar="PATH",
+            help="TOML config file: a [serve] table (host, port and the settings by name) "
+            "and [[warm_pool]] tables (image, size, width_px, height_px, memory_mib, vcpus); "
+            "the environment and these flags override it. \\[default: DESKVM_CONFIG, else "
+            "/etc/deskvm/serve.toml if it exists]",
+        ),
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option(
@@ -751,10 +765,14 @@ def serve(
     """
     from agent_bridge.runtime import build_authority, build_manager, ensure_token
     from agent_bridge.server import create_app, listen, run_server
-    from orchestrator.settings import split_csv
+    from orchestrator.settings import read_serve_config, split_csv
 
-    settings = _settings(
-        state_dir,
+    file = read_serve_config(config)
+    host = host or file.host or "127.0.0.1"
+    port = port if port is not None else file.port if file.port is not None else 8765
+    settings = Settings.from_env(
+        config=file.settings,
+        state_dir=state_dir,
         token=token,
         max_sessions=max_sessions,
         max_total_memory_mib=max_total_memory_mib,
@@ -797,8 +815,14 @@ def serve(
         f"(acceleration: {manager.hypervisor.accel}, server name {manager.owner!r}, "
         f"on exit: {settings.on_exit} sessions)"
     )
+    if file.path is not None:
+        console.print(f"config: {file.path}")
     if manager.pool is not None:
-        targets = ", ".join(f"{t['image']}:{t['size']}" for t in manager.pool.status())
+        targets = ", ".join(
+            f"{t['image']}:{t['size']} ({t['display'][0]}x{t['display'][1]}, "
+            f"{t['memory_mib']} MiB, {t['vcpus']} vCPUs)"
+            for t in manager.pool.status()
+        )
         console.print(f"warm pool: {targets} (filling in the background; GET /healthz)")
     if settings.egress_upstream_iface:
         console.print(

@@ -197,9 +197,7 @@ def build_manager(
 
     resolve = resolve_image if resolve_image is not None else find_verified
 
-    from orchestrator.pool import parse_warm_pool
-
-    warm_pool = parse_warm_pool(settings.warm_pool) if new_id is None else ()
+    warm_pool = settings.warm_pool if new_id is None else ()
     accel = resolve_accel(settings)
     instance = Instance(settings.instances_dir, server_name or settings.server_name)
     try:

@@ -92,7 +92,8 @@ def main() -> None:
     token = secrets.token_urlsafe(16)
     manager = build_manager(settings, server_name="bench-startup")
     conn = libvirt.open("qemu:///system")
-    print(f"load {os.getloadavg()[0]:.2f}; pool {settings.warm_pool}")
+    pool = ",".join(f"{t.image}:{t.size}" for t in settings.warm_pool)
+    print(f"load {os.getloadavg()[0]:.2f}; pool {pool}")
     with (
         BackgroundServer(create_app(manager, token=token, settings=settings)) as server,
         Client(server.url, token) as client,

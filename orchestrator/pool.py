@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError, DeskvmError, HypervisorError
-from orchestrator.hypervisor.base import Domain, Hypervisor, SavedState
+from orchestrator.hypervisor.base import LIVE_CPU_WEIGHT, Domain, Hypervisor, SavedState
 from orchestrator.hypervisor.domain_xml import hard_limit_mib
 from orchestrator.session import READY_MARKER, desktop_drawn
+from orchestrator.settings import PoolTarget, parse_warm_pool
 from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
 
 __all__ = [
@@ -56,52 +57,10 @@ log = logging.getLogger("deskvm.pool")
 
 POOL_CPU_WEIGHT = 64
 """cgroup CPU shares of pool domains and template boots (live sessions have 1024)."""
-DEFAULT_CPU_WEIGHT = 1024
+DEFAULT_CPU_WEIGHT = LIVE_CPU_WEIGHT
 """cgroup CPU shares a claimed desktop gets back (libvirt's default)."""
 RETRY_S = 30.0
 """How long the pool waits before it builds a failed template again, seconds."""
-_MAX_POOL_SIZE = 64
-
-
-@dataclass(frozen=True, slots=True)
-class PoolTarget:
-    """How many ready desktops of one kind to keep.
-
-    Attributes:
-        image: image name.
-        size: desktops kept ready (1..64).
-        display, memory_mib, vcpus: what they are made of (the defaults of
-            ``POST /v1/sessions``).
-    """
-
-    image: str
-    size: int
-    display: DisplaySpec = field(default_factory=DisplaySpec)
-    memory_mib: int = 2048
-    vcpus: int = 2
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.size <= _MAX_POOL_SIZE:
-            raise ConfigError(f"warm pool size {self.size} is outside 1..{_MAX_POOL_SIZE}")
-
-
-def parse_warm_pool(text: str) -> tuple[PoolTarget, ...]:
-    """Parse ``IMAGE:N[,IMAGE:N...]`` (``deskvm serve --warm-pool``, ``DESKVM_WARM_POOL``).
-
-    Raises:
-        ConfigError: an entry is not ``IMAGE:N`` with ``N`` in 1..64, or an image repeats.
-    """
-    targets: list[PoolTarget] = []
-    for entry in (e.strip() for e in text.split(",")):
-        if not entry:
-            continue
-        image, sep, count = entry.rpartition(":")
-        if not sep or not image or not count.isdigit():
-            raise ConfigError(f"warm pool entry {entry!r} is not IMAGE:N (e.g. debian12-desktop:2)")
-        if any(t.image == image for t in targets):
-            raise ConfigError(f"warm pool names image {image!r} twice")
-        targets.append(PoolTarget(image=image, size=int(count)))
-    return tuple(targets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +115,13 @@ class WarmDesktop:
     restore_s: float
     restored_ns: int
     state: SavedState
+
+
+def _display_of(target: PoolTarget) -> DisplaySpec:
+    try:
+        return DisplaySpec(target.width_px, target.height_px)
+    except ConfigError as exc:
+        raise ConfigError(f"warm pool target {target.image}: {exc.message}") from exc
 
 
 @dataclass(slots=True)
@@ -216,6 +182,8 @@ class WarmPool:
         self._boot_timeout_s = boot_timeout_s
         self._ready_poll_s = ready_poll_s
         self._interval_s = refill_interval_s
+        for target in targets:
+            _display_of(target)  # a bad display fails here, not in the refill thread
         self._entries = [_Entry(target=t) for t in targets]
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}  # ids being booted/restored -> hard limit MiB
@@ -246,7 +214,9 @@ class WarmPool:
         shutil.rmtree(self.pool_dir, ignore_errors=True)
 
     def key_of(self, target: PoolTarget, image: BootImage) -> PoolKey:
-        return PoolKey.of(image, target.display, target.memory_mib, target.vcpus, network=False)
+        return PoolKey.of(
+            image, _display_of(target), target.memory_mib, target.vcpus, network=False
+        )
 
     def claim(self, key: PoolKey) -> WarmDesktop | None:
         """Take a ready desktop matching ``key`` out of the pool (``None``: none ready).
@@ -313,7 +283,7 @@ class WarmPool:
                 {
                     "image": e.target.image,
                     "size": e.target.size,
-                    "display": [e.target.display.width_px, e.target.display.height_px],
+                    "display": [e.target.width_px, e.target.height_px],
                     "memory_mib": e.target.memory_mib,
                     "vcpus": e.target.vcpus,
                     "ready": len(e.desktops),
@@ -385,7 +355,7 @@ class WarmPool:
         return SessionSpec(
             session_id=session_id,
             image=image,
-            display=target.display,
+            display=_display_of(target),
             memory_mib=target.memory_mib,
             vcpus=target.vcpus,
             boot_timeout_s=self._boot_timeout_s,

@@ -9,13 +9,20 @@ server at start-up, never at import time. Variables: ``DESKVM_STATE_DIR``,
 ``DESKVM_TOKEN_MAX_TTL_S``, ``DESKVM_ALLOWED_ORIGINS`` (comma-separated),
 ``DESKVM_EGRESS_UPSTREAM_IFACE``, ``DESKVM_EGRESS_UPSTREAM_DNS`` (``IP[,IP]``),
 ``DESKVM_SESSION_MAX_TTL_S``, ``DESKVM_ADOPT_GRACE_S``, ``DESKVM_ON_EXIT`` (close|keep),
-``DESKVM_SERVER_NAME``.
+``DESKVM_SERVER_NAME``, ``DESKVM_WARM_POOL`` (``IMAGE:N[,IMAGE:N...]``).
+
+``deskvm serve`` also reads a TOML config file (:func:`read_serve_config`: ``--config
+PATH``, else ``DESKVM_CONFIG``, else :data:`DEFAULT_CONFIG` when it exists). Precedence:
+the file, then the environment, then command-line flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +30,87 @@ from typing import Any, Literal
 
 from orchestrator.errors import ConfigError
 
-__all__ = ["DEFAULT_STATE_DIR", "Settings", "split_csv"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "DEFAULT_STATE_DIR",
+    "MAX_POOL_SIZE",
+    "PoolTarget",
+    "ServeConfig",
+    "Settings",
+    "parse_warm_pool",
+    "read_serve_config",
+    "split_csv",
+]
 
 DEFAULT_STATE_DIR = Path("/var/lib/deskvm")
+DEFAULT_CONFIG = Path("/etc/deskvm/serve.toml")
+"""Where ``deskvm serve`` looks for its config file when neither ``--config`` nor
+``DESKVM_CONFIG`` names one (a missing default file is no error)."""
+MAX_POOL_SIZE = 64
+"""The most desktops one warm pool target may keep ready."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTarget:
+    """How many ready desktops of one kind the warm pool keeps (``orchestrator.pool``).
+
+    Attributes:
+        image: image name.
+        size: desktops kept ready (1..:data:`MAX_POOL_SIZE`).
+        width_px, height_px: their display, guest pixels (checked as a session's display
+            when the pool is built).
+        memory_mib: guest RAM, MiB (256..1048576).
+        vcpus: guest CPUs (1..64).
+
+    The defaults are those of ``POST /v1/sessions``: a session matches a pooled desktop
+    when it asks for the same image, display, memory and vCPUs and no network.
+
+    Raises:
+        ConfigError: a value is out of range (the message names the field).
+    """
+
+    image: str
+    size: int
+    width_px: int = 1280
+    height_px: int = 800
+    memory_mib: int = 2048
+    vcpus: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise ConfigError("warm pool image: must not be empty")
+        if not 1 <= self.size <= MAX_POOL_SIZE:
+            raise ConfigError(f"warm pool size {self.size} is outside 1..{MAX_POOL_SIZE}")
+        if not 256 <= self.memory_mib <= 1 << 20:
+            raise ConfigError(f"warm pool memory_mib {self.memory_mib} is outside 256..1048576")
+        if not 1 <= self.vcpus <= 64:
+            raise ConfigError(f"warm pool vcpus {self.vcpus} is outside 1..64")
+        if self.width_px < 1 or self.height_px < 1:
+            raise ConfigError("warm pool width_px and height_px must be positive")
+
+    @property
+    def shape(self) -> tuple[str, int, int, int, int]:
+        """What tells two targets apart: image, display, memory, vCPUs."""
+        return (self.image, self.width_px, self.height_px, self.memory_mib, self.vcpus)
+
+
+def parse_warm_pool(text: str) -> tuple[PoolTarget, ...]:
+    """Parse ``IMAGE:N[,IMAGE:N...]`` (``deskvm serve --warm-pool``, ``DESKVM_WARM_POOL``).
+
+    Raises:
+        ConfigError: an entry is not ``IMAGE:N`` with ``N`` in 1..64, or an image repeats.
+    """
+    targets: list[PoolTarget] = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        image, sep, count = entry.rpartition(":")
+        if not sep or not image or not count.isdigit():
+            raise ConfigError(f"warm pool entry {entry!r} is not IMAGE:N (e.g. debian12-desktop:2)")
+        if any(t.image == image for t in targets):
+            raise ConfigError(f"warm pool names image {image!r} twice")
+        targets.append(PoolTarget(image=image, size=int(count)))
+    return tuple(targets)
 
 
 def split_csv(text: str) -> tuple[str, ...]:
@@ -74,9 +159,11 @@ class Settings:
         server_name: this server's name in the installation (its sessions' owner; a
             restart under the same name re-adopts them); ``None``: the CLI's default
             (``serve-<port>``), or an ephemeral name for in-process servers.
-        warm_pool: desktops to keep restored and ready, ``IMAGE:N[,IMAGE:N...]``
-            (``deskvm serve --warm-pool``, ``DESKVM_WARM_POOL``; see
-            ``orchestrator.pool``); ``""``: none, every session boots cold.
+        warm_pool: desktops to keep restored and ready (see ``orchestrator.pool``);
+            ``()``: none, every session boots cold. A string ``IMAGE:N[,IMAGE:N...]``
+            (``deskvm serve --warm-pool``, ``DESKVM_WARM_POOL``) is parsed
+            (:func:`parse_warm_pool`); the config file's ``[[warm_pool]]`` tables also
+            give display, memory and vCPUs.
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -104,7 +191,14 @@ class Settings:
     adopt_grace_s: float = 300.0
     on_exit: Literal["close", "keep"] = "close"
     server_name: str | None = None
-    warm_pool: str = ""
+    warm_pool: tuple[PoolTarget, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warm_pool, str):
+            object.__setattr__(self, "warm_pool", parse_warm_pool(self.warm_pool))
+        shapes = [t.shape for t in self.warm_pool]
+        if len(set(shapes)) != len(shapes):
+            raise ConfigError("the warm pool names the same image, display, memory and vCPUs twice")
 
     @property
     def session_state_dir(self) -> Path:
@@ -149,14 +243,21 @@ class Settings:
         return self.state_dir / "host.json"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Settings from ``DESKVM_*`` variables, then ``overrides`` (not ``None`` ones).
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        config: Mapping[str, Any] | None = None,
+        **overrides: Any,
+    ) -> Settings:
+        """Settings from ``config`` (a config file's, :attr:`ServeConfig.settings`), then
+        ``DESKVM_*`` variables, then ``overrides`` (not ``None`` ones).
 
         Raises:
             ConfigError: a variable has a malformed value.
         """
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = dict(config or {})
         try:
             if "DESKVM_STATE_DIR" in env:
                 values["state_dir"] = Path(env["DESKVM_STATE_DIR"])
@@ -241,3 +342,150 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """What a ``deskvm serve`` config file says.
+
+    Attributes:
+        path: the file read (``None``: none was, the default file does not exist).
+        settings: :class:`Settings` field -> value, checked and converted (for
+            :meth:`Settings.from_env`'s ``config``).
+        host, port: where to listen (``None``: not in the file).
+    """
+
+    path: Path | None = None
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    host: str | None = None
+    port: int | None = None
+
+
+_FILE_NAMES = {"images_dir": "images_dir_override"}
+"""Config file keys spelled differently from their :class:`Settings` field."""
+_NOT_IN_FILE = {
+    "token": "keep the admin token out of config files (DESKVM_TOKEN, --token or the token file)",
+    "images_dir_override": "spell it images_dir",
+    "warm_pool": "give the pool as [[warm_pool]] tables (image, size, width_px, "
+    "height_px, memory_mib, vcpus)",
+}
+_POOL_KEYS = {"image": str, "size": int, "width_px": int, "height_px": int,
+              "memory_mib": int, "vcpus": int}  # fmt: skip
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _convert(where: str, hint: Any, value: Any) -> Any:
+    """``value`` (as TOML gave it) as a value of type ``hint``; ConfigError naming ``where``."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (inner,) = [a for a in args if a is not type(None)]
+        converted = _convert(where, inner, value)
+        if inner is float and converted == 0:  # as the environment: 0 means no limit
+            return None
+        return converted
+    if typing.get_origin(hint) is Literal:
+        if value not in args:
+            choices = ", ".join(map(str, args))
+            raise ConfigError(f"{where}: must be one of {choices}, not {_describe(value)}")
+        return value
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: must be a list of strings, not {_describe(value)}")
+        return tuple(value)
+    name = {float: "a number", int: "an integer", str: "a string", Path: "a path (string)"}[hint]
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: must be {name}, not a boolean")
+    if hint is float and isinstance(value, int | float):
+        return float(value)
+    if hint is Path and isinstance(value, str) and value:
+        return Path(value)
+    if hint in (int, str) and isinstance(value, hint):
+        return value
+    raise ConfigError(f"{where}: must be {name}, not {_describe(value)}")
+
+
+def read_serve_config(
+    path: Path | None = None, env: Mapping[str, str] | None = None
+) -> ServeConfig:
+    """Read ``deskvm serve``'s TOML config file.
+
+    The file is ``path``, else ``DESKVM_CONFIG``, else :data:`DEFAULT_CONFIG` if it
+    exists. It has a ``[serve]`` table (``host``, ``port`` and the :class:`Settings`
+    fields by name, ``images_dir`` for the images directory; ``0`` for ``session_ttl_s``
+    and ``idle_timeout_s`` means no limit; no ``token``) and any number of
+    ``[[warm_pool]]`` tables (``image``, ``size``; optional ``width_px``, ``height_px``,
+    ``memory_mib``, ``vcpus``). See docs/protocol.md for an example.
+
+    Raises:
+        ConfigError: the named file is missing or unreadable, is not TOML, or has an
+            unknown key or a value of the wrong type or range (the message names the file
+            and the field, e.g. ``warm_pool[1].size``).
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get("DESKVM_CONFIG"):
+        path = Path(env["DESKVM_CONFIG"])
+    if path is None:
+        if not DEFAULT_CONFIG.is_file():
+            return ServeConfig()
+        path = DEFAULT_CONFIG
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    for table in data:
+        if table not in ("serve", "warm_pool"):
+            raise ConfigError(
+                f"{path}: unknown table or key {table!r} at the top (known: [serve], [[warm_pool]])"
+            )
+    hints = typing.get_type_hints(Settings)
+    serve = data.get("serve", {})
+    if not isinstance(serve, dict):
+        raise ConfigError(f"{path}: serve must be a table ([serve])")
+    values: dict[str, Any] = {}
+    host = port = None
+    for key, value in serve.items():
+        where = f"{path}: serve.{key}"
+        field_name = _FILE_NAMES.get(key, key)
+        if key == "host":
+            host = _convert(where, str, value)
+        elif key == "port":
+            port = _convert(where, int, value)
+            if not 0 < port < 65536:
+                raise ConfigError(f"{where}: {port} is not a TCP port (1..65535)")
+        elif key in _NOT_IN_FILE:
+            raise ConfigError(f"{where}: not allowed here: {_NOT_IN_FILE[key]}")
+        elif field_name in hints:
+            values[field_name] = _convert(where, hints[field_name], value)
+        else:
+            known = sorted({"host", "port", "images_dir"} | set(hints) - set(_NOT_IN_FILE))
+            raise ConfigError(f"{where}: unknown setting (known: {', '.join(known)})")
+    pool = data.get("warm_pool", [])
+    if not isinstance(pool, list):
+        raise ConfigError(f"{path}: warm_pool must be an array of tables ([[warm_pool]])")
+    targets: list[PoolTarget] = []
+    for n, entry in enumerate(pool):
+        where = f"{path}: warm_pool[{n}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: must be a table ([[warm_pool]])")
+        kwargs: dict[str, Any] = {}
+        for key, value in entry.items():
+            if key not in _POOL_KEYS:
+                raise ConfigError(
+                    f"{where}.{key}: unknown setting (known: {', '.join(_POOL_KEYS)})"
+                )
+            kwargs[key] = _convert(f"{where}.{key}", _POOL_KEYS[key], value)
+        for key in ("image", "size"):
+            if key not in kwargs:
+                raise ConfigError(f"{where}.{key}: missing")
+        try:
+            targets.append(PoolTarget(**kwargs))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc.message}") from exc
+    if targets:
+        values["warm_pool"] = tuple(targets)
+    return ServeConfig(path=path, settings=values, host=host, port=port)
