@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchestrator.errors import DeskvmError
+from orchestrator.errors import ConfigError, DeskvmError
 from orchestrator.settings import DEFAULT_STATE_DIR, Settings
 
 __all__ = ["app", "main"]
@@ -1427,9 +1427,21 @@ def task_run(
         str | None,
         typer.Option(help="Its admin token (default: DESKVM_TOKEN, else the token file)."),
     ] = None,
+    session: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ID",
+            help="Run every task in this existing session of --url (created with guest_control;"
+            " kept afterwards). Default: the command creates its sessions.",
+        ),
+    ] = None,
     image: Annotated[str | None, typer.Option(help="Image for the sessions.")] = None,
     width: Annotated[int, typer.Option(help="Display width, pixels.")] = 1280,
     height: Annotated[int, typer.Option(help="Display height, pixels.")] = 800,
+    memory_mib: Annotated[
+        int | None,
+        typer.Option(help="Guest memory, MiB (default: the bridge's; the full image wants 3072)."),
+    ] = None,
     reuse_session: Annotated[
         bool,
         typer.Option(
@@ -1463,11 +1475,15 @@ def task_run(
 
     loaded = collect_tasks(tasks)
     factory = load_agent(agent) if agent else DoneAgent
+    if session is not None and url is None:
+        raise ConfigError("--session names a session of a running bridge: give its --url too")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     results_dir = out_dir or Path("deskvm-tasks") / stamp
     options: dict[str, Any] = {"width": width, "height": height}
     if image is not None:
         options["image"] = image
+    if memory_mib is not None:
+        options["memory_mib"] = memory_mib
     if egress_allow is not None:
         options["egress_allow"] = egress_allow
     settings = _settings(state_dir)
@@ -1490,10 +1506,12 @@ def task_run(
 
             token = ensure_token(settings)
         client = stack.enter_context(Client(url, token))
+        given = client.attach(session) if session is not None else None
         env = stack.enter_context(
             DesktopEnv(
-                client=client, action_space=action_space, cache_dir=results_dir / "cache",
-                reuse_session=reuse_session, session_options=options,
+                given, client=None if given is not None else client, action_space=action_space,
+                cache_dir=results_dir / "cache", reuse_session=reuse_session,
+                session_options=options,
             )
         )  # fmt: skip
         with Progress(

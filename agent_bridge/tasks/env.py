@@ -172,7 +172,13 @@ class DesktopEnv:
                 session.session.delete()
 
     def close(self) -> None:
-        """Delete the session the env created (a given session is left alone)."""
+        """Delete the session the env created; a given session stays (only the env's
+        connections to it close)."""
+        if self.session is not None and not self._owned:
+            if isinstance(self.session, ClientTaskSession):
+                self.session.close()
+                self.session.session.close()
+            return
         self._drop_session()
 
     def __enter__(self) -> DesktopEnv:

@@ -135,3 +135,44 @@ def test_deskvm_task_run_against_a_running_bridge(client: Client, tmp_path: Path
     assert rows["empty-clipboard"]["passed"] and not rows["wants-text"]["passed"]
     assert rows["wants-text"]["recording"] == rows["empty-clipboard"]["recording"] is not None
     assert (out / "summary.txt").read_text().startswith("agent: DoneAgent")
+
+
+def test_deskvm_task_run_in_a_given_session_keeps_it(client: Client, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agent_bridge.cli import app
+
+    rule = {"type": "rule", "rules": {"expected": "given"}}
+    evaluator = {"func": "exact_match", "result": {"type": "clipboard"}, "expected": rule}
+    task = {"id": "clip", "instruction": "x", "config": [], "evaluator": evaluator}
+    (tmp_path / "t.json").write_text(json.dumps(task))
+    session = client.create_session(guest_control=True)
+    session.clipboard_set("given")
+    for run in ("a", "b"):  # twice in the one session
+        result = CliRunner().invoke(app, [
+            "task", "run", str(tmp_path / "t.json"), "--url", client.url, "--token", TOKEN,
+            "--session", session.id, "--out", str(tmp_path / run),
+            "--state-dir", str(tmp_path / "state"),
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        row = json.loads((tmp_path / run / "results.json").read_text())["tasks"][0]
+        assert row["passed"] and row["session_id"] == session.id
+        assert row["recording"] == session.info_at_start.recording
+    assert client.get_session(session.id).state == "ready"  # not deleted
+    assert len(client.list_sessions()) == 1
+    session.delete()
+
+
+def test_task_run_session_needs_a_url(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agent_bridge.cli import app
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+    state = tmp_path / "state"
+    result = CliRunner().invoke(
+        app, ["task", "run", str(examples), "--session", "abc", "--state-dir", str(state)]
+    )
+    assert result.exit_code == 1
+    assert "give its --url too" in " ".join(result.output.split())
+    assert not state.exists()
