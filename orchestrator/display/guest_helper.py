@@ -328,7 +328,7 @@ class HelperChannel:
     def _on_line(self, line: bytes) -> None:
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested deeper than the parser recurses
             self._dropped_lines += 1
             return
         if not isinstance(obj, dict):

@@ -134,6 +134,41 @@ def test_exec_scope_is_separate_from_control(client: TestClient) -> None:
     assert minted.status_code == 403
 
 
+GUEST_BODIES: dict[str, dict[str, Any]] = {
+    "exec": {"argv": ["true"]},
+    "put_file": {"path": "/tmp/x", "data_b64": "eA=="},
+    "get_file": {"path": "/tmp/x"},
+    "clipboard_get": {},
+    "clipboard_set": {"text": "x"},
+    "windows": {},
+    "window_activate": {"id": 1},
+    "window_close": {"id": 1},
+    "a11y_tree": {},
+    "set_resolution": {"width": 1024, "height": 768},
+}
+
+
+def test_every_guest_op_needs_the_exec_scope(client: TestClient) -> None:
+    from agent_bridge.protocol.guest import GUEST_ACTIONS
+
+    assert set(GUEST_BODIES) == set(GUEST_ACTIONS)  # a new op is added here too
+    sid = create(client, guest_control=True)
+    for scope in ("view", "control"):
+        headers = token(client, sid, scope)
+        with client.websocket_connect(f"/v1/sessions/{sid}/ws", headers=headers) as ws:
+            for n, (op, body) in enumerate(GUEST_BODIES.items()):
+                if op.startswith("window_"):  # on the socket "id" is the request's
+                    body = {"window_id": body["id"]}
+                reply = ask(ws, {"id": n, "action": op, **body})
+                assert reply["error"]["code"] == "forbidden", (scope, op, reply)
+                assert "scope 'exec'" in reply["error"]["message"], (scope, op, reply)
+        for op, body in GUEST_BODIES.items():
+            response = client.post(f"/v1/sessions/{sid}/guest/{op}", json=body, headers=headers)
+            assert response.status_code == 403, (scope, op, response.text)
+    # None of them reached the guest: the recording has no guest action at all.
+    assert not [e for e in events(client, sid) if e["kind"] == "input"]
+
+
 def test_the_recording_keeps_sizes_and_hashes_not_contents(client: TestClient) -> None:
     sid = create(client, guest_control=True)
     base = f"/v1/sessions/{sid}/guest"

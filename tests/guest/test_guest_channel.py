@@ -133,6 +133,40 @@ def test_garbage_before_the_reply_is_dropped(helper_with) -> None:  # type: igno
     assert channel.dropped_lines >= 4
 
 
+def test_a_deeply_nested_line_is_dropped_and_the_reader_lives_on(helper_with) -> None:  # type: ignore[no-untyped-def]
+    # Under the line cap, but deeper than the JSON parser recurses: one such line must not
+    # end the host's reader (every later reply would be lost until the deadline).
+    deep = b"[" * 200_000 + b"]" * 200_000 + b"\n"
+
+    def final(request: dict[str, Any]) -> bytes:
+        return (
+            deep
+            + b'{"id": 1, '
+            + b'"a": ' * 100_000
+            + b"1"
+            + b"}" * 100_001
+            + b"\n"
+            + (line({**exec_reply(), "id": request["id"]}))
+        )
+
+    channel, _ = helper_with(final)
+    result = run_guest_action(channel, Exec(argv=("true",), timeout_s=2.0))
+    assert result.data["stdout"] == "out"
+    assert channel.dropped_lines >= 2
+    assert run_guest_action(channel, Exec(argv=("true",), timeout_s=2.0)).data["exit_code"] == 0
+
+
+def test_a_flooding_guest_cannot_hold_a_request_past_its_deadline(helper_with) -> None:  # type: ignore[no-untyped-def]
+    # Acknowledged, then a stream of lines that answer nothing, for longer than the deadline.
+    flood = (b"x\n" * 50_000 + b'{"id": 99999, "ok": true}\n' * 20_000) * 4
+    channel, _ = helper_with(lambda request: flood)
+    t0 = time.monotonic()
+    with pytest.raises(GuestHelperError, match="did not finish"):
+        channel.request("clipboard_get", {"max_chars": 10}, timeout_s=1.0)
+    assert time.monotonic() - t0 < 3.0
+    assert channel.dropped_lines >= 100_000
+
+
 def test_a_line_over_the_cap_is_dropped_whole_and_the_request_times_out(helper_with) -> None:  # type: ignore[no-untyped-def]
     huge = b'{"id": 1, "ok": true, "stdout_b64": "' + b"A" * (MAX_LINE_BYTES + 10) + b'"}\n'
     channel, _ = helper_with(lambda request: huge)
