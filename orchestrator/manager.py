@@ -44,7 +44,14 @@ from orchestrator.hypervisor.base import Hypervisor
 from orchestrator.hypervisor.domain_xml import hard_limit_mib as _hard_mib
 from orchestrator.input_plan import Pacing
 from orchestrator.instance import Instance, boot_id
-from orchestrator.pool import DEFAULT_CPU_WEIGHT, PoolKey, PoolTarget, WarmDesktop, WarmPool
+from orchestrator.pool import (
+    DEFAULT_CPU_WEIGHT,
+    PoolKey,
+    PoolTarget,
+    WarmDesktop,
+    WarmPool,
+    remove_stale_pools,
+)
 from orchestrator.recorder import FileRecorder, seal, writer_alive
 from orchestrator.session import CLOSED_DOMAIN_STOPPED, CLOSED_IDLE, CLOSED_TTL, Session
 from orchestrator.spec import (
@@ -127,7 +134,8 @@ class SessionManager:
             matching :meth:`create` takes one over instead of booting. Their memory counts
             in ``max_total_memory_mib``. Only with the default ``new_id`` (a cluster node's
             ids are placed by its bridge) and a ``pool_dir``.
-        pool_dir: where the warm pool keeps its saved states.
+        pool_dir: where the warm pool keeps its saved states (``<pool root>/<server
+            name>``); the reaper removes the directories of gone servers beside it.
 
     The warm pool starts refilling at :meth:`start_pool` (the server calls it after
     :meth:`adopt`) and is removed by :meth:`close_pool`.
@@ -177,6 +185,7 @@ class SessionManager:
                 "a warm pool needs a pool directory and server-made session ids "
                 "(not available on cluster nodes)"
             )
+        self._pool_dir = pool_dir
         self.pool: WarmPool | None = None
         """The warm pool (``None``: every session boots cold)."""
         if warm_pool and pool_dir is not None:
@@ -227,6 +236,7 @@ class SessionManager:
         if desktop is not None:
             try:
                 self.hypervisor.set_cpu_weight(desktop.spec.session_id, DEFAULT_CPU_WEIGHT)
+                self.hypervisor.resume(desktop.spec.session_id)  # pooled desktops wait paused
                 # The session's own link to its start state (for resets; outlives the pool's).
                 desktop.state = self.hypervisor.keep_state(desktop.spec.session_id, desktop.state)
             except DeskvmError:
@@ -615,6 +625,17 @@ class SessionManager:
             with contextlib.suppress(DeskvmError):
                 self.hypervisor.destroy(session_id)
                 removed.add(session_id)
+        if self._pool_dir is not None and self.instance is not None:
+            me = self.instance.name
+            # Without a pool of its own, this name's leftovers (a killed predecessor's) go too.
+            with contextlib.suppress(OSError):
+                remove_stale_pools(
+                    self._pool_dir.parent,
+                    alive=lambda name: (
+                        name != me and self.instance is not None and self.instance.alive(name)
+                    ),
+                    keep=me if self.pool is not None else None,
+                )
         if self.egress is not None:
             # Under the lock: a session registers before it attaches, so none can attach
             # between reading the live ids and the egress listing its leftovers.

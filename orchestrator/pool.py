@@ -5,8 +5,9 @@ For each :class:`PoolTarget` (``deskvm serve --warm-pool IMAGE:N``) the pool boo
 announced itself), and saves it (:meth:`~orchestrator.hypervisor.base.Hypervisor.save`):
 memory and devices into ``state.save``, the disk frozen as a read-only layer. It then
 keeps ``N`` clones restored from that state (each on its own overlay over the frozen
-layer, with its own name, UUID and VM generation ID) running at a low CPU weight
-(:data:`POOL_CPU_WEIGHT`), so that a session that matches the target's
+layer, with its own name, UUID and VM generation ID), restored at a low CPU weight
+(:data:`POOL_CPU_WEIGHT`) and kept *paused* (no CPU used while it waits; the manager
+resumes it at the claim), so that a session that matches the target's
 :class:`PoolKey` is handed a drawn desktop instead of booting one
 (:meth:`WarmPool.claim`). A background thread refills the pool after each claim.
 
@@ -51,6 +52,7 @@ __all__ = [
     "WarmDesktop",
     "WarmPool",
     "parse_warm_pool",
+    "remove_stale_pools",
 ]
 
 log = logging.getLogger("deskvm.pool")
@@ -115,6 +117,32 @@ class WarmDesktop:
     restore_s: float
     restored_ns: int
     state: SavedState
+
+
+def remove_stale_pools(root: Path, *, alive: Callable[[str], bool], keep: str | None) -> list[str]:
+    """Remove the pool directories (``root/<server name>``) of servers that are gone.
+
+    A server killed while its pool was filling leaves its saved states behind (its pool
+    domains are reaped like unknown sessions). ``alive(name)``: whether that server
+    runs; ``keep``: a directory left alone (this server's own pool's).
+
+    Returns:
+        The server names whose pool files were removed (logged as warnings).
+    """
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for path in sorted(root.iterdir()):
+        if not path.is_dir() or path.name == keep or alive(path.name):
+            continue
+        size_mib = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) >> 20
+        shutil.rmtree(path, ignore_errors=True)
+        log.warning(
+            "removed the warm pool files of server %r, which is gone (%d MiB of saved state)",
+            path.name, size_mib,
+        )  # fmt: skip
+        removed.append(path.name)
+    return removed
 
 
 def _display_of(target: PoolTarget) -> DisplaySpec:
@@ -444,7 +472,7 @@ class WarmPool:
         spec = self._spec(image, entry.target, session_id)
         t0 = time.monotonic()
         try:
-            domain = self._hv.restore(spec, entry.state, cpu_weight=POOL_CPU_WEIGHT)
+            domain = self._hv.restore(spec, entry.state, cpu_weight=POOL_CPU_WEIGHT, paused=True)
         except DeskvmError as exc:
             with self._lock:
                 self._busy.pop(session_id, None)

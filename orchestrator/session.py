@@ -119,6 +119,9 @@ CLOCK_SET_TIMEOUT_S = 1.0
 """How long a warm start waits for the guest to confirm its new wall clock, seconds."""
 RESET_READY_TIMEOUT_S = 30.0
 """How long a reset's restored desktop may take to show a drawn frame, seconds."""
+WARM_READY_POLL_S = 0.05
+"""How often a restored desktop (warm start, reset) is checked for a drawn frame,
+seconds: it is drawn within a second, so the cold boot's poll interval would dominate."""
 HELPER_ANNOUNCE_WAIT_S = 5.0
 """How long an action that needs the guest helper waits for it to announce itself, s."""
 HELPER_MAX_TEXT_CHARS = 10_000
@@ -346,6 +349,10 @@ class Session:
         """How often the session was reset."""
         self.last_reset_s: float | None = None
         """Seconds the last :meth:`reset` took."""
+        self.reset_phases_s: dict[str, float] = {}
+        """Seconds each phase of the last reset took: ``restore_s`` (the old domain
+        stopped, the new one restored from the start state onto a fresh overlay),
+        ``clock_s`` (setting the guest's wall clock), ``ready_s`` (until a drawn frame)."""
         self._log_before_reset = b""
         self.clock_offset_s: float | None = None
         """After a warm start: the guest's wall clock minus the host's once set, seconds
@@ -654,7 +661,9 @@ class Session:
                     f"({reason}); console tail:\n{tail}",
                     console_tail=tail,
                 )
-            self._clock.sleep(self._ready_poll_s)
+            self._clock.sleep(
+                min(self._ready_poll_s, WARM_READY_POLL_S) if warm else self._ready_poll_s
+            )
 
     def close(self, *, reason: str = "deleted") -> None:
         """Destroy the domain, delete the overlay and close the recording. Idempotent.
@@ -1593,16 +1602,20 @@ class Session:
         if self.spec.display != self._created_display:
             # The saved start state has the display the session was created with.
             self.spec = dataclasses.replace(self.spec, display=self._created_display)
+        mark = self._clock.monotonic_ns()
         try:
             domain = self._hypervisor.reset(self.spec, self.start_state)
         except DeskvmError:
             self._check_not_closed_during_reset()
             raise
         self._check_not_closed_during_reset()
+        phases: dict[str, float] = {}
+        phases["restore_s"], mark = self._since(mark)
         self._domain = domain
         if self._frames is not None:
             self._frames.replace_display(domain.display)
         self.clock_offset_s = domain.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
+        phases["clock_s"], mark = self._since(mark)
         self._keys_down.clear()
         self._buttons_down.clear()
         self._cursor = (self.spec.display.width_px // 2, self.spec.display.height_px // 2)
@@ -1629,9 +1642,11 @@ class Session:
                     f"{RESET_READY_TIMEOUT_S:g} s ({reason})",
                     console_tail=domain.console_tail(),
                 )
-            self._clock.sleep(self._ready_poll_s)
+            self._clock.sleep(min(self._ready_poll_s, WARM_READY_POLL_S))
+        phases["ready_s"], mark = self._since(mark)
         self.resets += 1
         self.last_reset_s = round((self._clock.monotonic_ns() - t0) / 1e9, 3)
+        self.reset_phases_s = phases
         self.last_action_ns = self._clock.monotonic_ns()
         self._recorder.append(
             "lifecycle",
@@ -1639,6 +1654,7 @@ class Session:
                 "event": "reset_done",
                 "count": self.resets,
                 "reset_s": self.last_reset_s,
+                "phases_s": phases,
                 "clock_offset_s": self.clock_offset_s,
             },
         )

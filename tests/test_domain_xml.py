@@ -15,7 +15,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.hypervisor.base import Accel, NicAttachment, SessionPaths
 from orchestrator.hypervisor.domain_xml import (
     KEYBOARD_ALIAS,
+    clone_domain_xml,
     domain_name,
+    generation_of,
     hard_limit_mib,
     render_domain_xml,
     session_id_of,
@@ -238,3 +240,32 @@ def test_keyboard_layouts_without_a_table_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="has keyboard layout 'es'"):
         SessionSpec("abcdef012345", spanish_image)
     assert SessionSpec("abcdef012345", spanish_image, keyboard_layout="de").layout == "de"
+
+
+def test_each_reset_generation_has_its_own_name_overlay_and_sockets() -> None:
+    assert domain_name("abcdef012345", 2) == "deskvm-abcdef012345-r2"
+    for name, generation in (("deskvm-abcdef012345", 0), ("deskvm-abcdef012345-r2", 2)):
+        assert (session_id_of(name), generation_of(name)) == ("abcdef012345", generation)
+    assert (PATHS.overlay.name, PATHS.helper_socket.name) == ("overlay.qcow2", "helper.sock")
+    image = dataclasses.replace(IMAGE, helper_port="dev.deskvm.helper.0")
+    saved = render_domain_xml(
+        dataclasses.replace(SPEC, image=image), PATHS, accel="tcg", created=CREATED, owner=OWNER
+    )
+    gen2 = dataclasses.replace(PATHS, generation=2)
+    clone = ET.fromstring(
+        clone_domain_xml(
+            saved,
+            session_id="abcdef012345",
+            paths=gen2,
+            created=CREATED,
+            owner=OWNER,
+            uuid="00000000-0000-4000-8000-000000000001",
+            genid="00000000-0000-4000-8000-000000000002",
+        )
+    )
+    assert clone.findtext("name") == "deskvm-abcdef012345-r2"
+    sources = {el.get("file") or el.get("path") for el in clone.iter("source")}
+    root = "/var/lib/deskvm/sessions/abcdef012345"
+    own = ("overlay.r2.qcow2", "helper.r2.sock", "clock.r2.sock")
+    assert {f"{root}/{name}" for name in own} <= sources
+    assert f"{root}/overlay.qcow2" not in sources and f"{root}/helper.sock" not in sources

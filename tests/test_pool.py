@@ -12,6 +12,7 @@ import pytest
 from orchestrator.clock import FakeClock
 from orchestrator.errors import ConfigError, SessionClosed
 from orchestrator.hypervisor.fake import FakeHypervisor
+from orchestrator.instance import Instance
 from orchestrator.manager import SessionManager
 from orchestrator.pool import DEFAULT_CPU_WEIGHT, POOL_CPU_WEIGHT, PoolTarget, parse_warm_pool
 from orchestrator.spec import BootImage, DisplaySpec
@@ -227,6 +228,7 @@ def test_a_reset_session_has_a_live_sessions_cpu_weight(tmp_path: Path) -> None:
         assert hv.domains[session.id].cpu_weight == DEFAULT_CPU_WEIGHT
         m.reset(session.id)
         assert hv.domains[session.id].cpu_weight == DEFAULT_CPU_WEIGHT
+        assert set(session.reset_phases_s) == {"restore_s", "clock_s", "ready_s"}
     finally:
         m.close_all()
         m.close_pool()
@@ -315,3 +317,46 @@ def test_a_session_deleted_during_its_reset_stays_deleted(tmp_path: Path) -> Non
         m.close_all()
         m.close_pool()
     assert hv.domains == {}
+
+
+def test_pooled_desktops_wait_paused_and_run_from_the_claim(tmp_path: Path) -> None:
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        pooled = m.pool.ids()
+        assert all(hv.domains[i].paused for i in pooled), "pooled desktops use CPU while waiting"
+        session = create(m)
+        assert not hv.domains[session.id].paused
+        m.reset(session.id)
+        assert not hv.domains[session.id].paused
+    finally:
+        m.close_all()
+        m.close_pool()
+
+
+def test_the_reaper_removes_the_pool_files_of_gone_servers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "pool"
+    for name in ("serve-gone", "serve-2", "serve-1"):
+        (root / name / "0123456789abcdef").mkdir(parents=True)
+        (root / name / "0123456789abcdef" / "state.save").write_bytes(b"x" * (2 << 20))
+    me = Instance(tmp_path / "instances", "serve-1")
+    other = Instance(tmp_path / "instances", "serve-2")  # alive: its pool is its own
+    try:
+        m = SessionManager(
+            hypervisor=FakeHypervisor(),
+            resolve_image=Images(),
+            recordings_dir=tmp_path / "rec",
+            instance=me,
+            pool_dir=root / "serve-1",  # no pool here: a killed predecessor's files go too
+        )
+        assert m.reap() == []
+        assert sorted(p.name for p in root.iterdir()) == ["serve-2"]
+        assert "removed the warm pool files of server 'serve-gone'" in caplog.text
+        assert "(2 MiB of saved state)" in caplog.text
+    finally:
+        other.close()
+        me.close()

@@ -31,17 +31,25 @@ class SessionPaths:
         guest_log: the guest's second serial port (``/dev/ttyS1``), written by the desktop.
         helper_socket: host end of the guest helper's virtio-serial channel (QEMU listens).
         nvram: UEFI variables of an image that boots with UEFI firmware.
+        generation: how often the session was reset: each reset's domain has its own
+            overlay and sockets (libvirt removes the old domain's sockets when it has
+            cleaned it up, which may be after the new one started).
     """
 
     root: Path
+    generation: int = 0
 
     @classmethod
     def under(cls, sessions_dir: Path, session_id: str) -> SessionPaths:
         return cls(root=sessions_dir / session_id)
 
+    def _name(self, stem: str, suffix: str) -> Path:
+        return self.root / (f"{stem}{suffix}" if self.generation == 0 else
+                            f"{stem}.r{self.generation}{suffix}")  # fmt: skip
+
     @property
     def overlay(self) -> Path:
-        return self.root / "overlay.qcow2"
+        return self._name("overlay", ".qcow2")
 
     @property
     def console_log(self) -> Path:
@@ -58,12 +66,12 @@ class SessionPaths:
 
     @property
     def helper_socket(self) -> Path:
-        return self.root / "helper.sock"
+        return self._name("helper", ".sock")
 
     @property
     def clock_socket(self) -> Path:
         """Host end of the guest clock's virtio-serial channel (QEMU listens)."""
-        return self.root / "clock.sock"
+        return self._name("clock", ".sock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,14 +212,20 @@ class Hypervisor(Protocol):
         ...
 
     def restore(
-        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+        self,
+        spec: SessionSpec,
+        state: SavedState,
+        *,
+        cpu_weight: int | None = None,
+        paused: bool = False,
     ) -> Domain:
         """Start ``spec``'s domain from ``state`` on a fresh overlay over ``state.disk``.
 
         The clone has its own name, UUID, VM generation ID (the guest reseeds its RNG),
         overlay, logs and helper socket. ``cpu_weight`` (cgroup CPU shares, default 1024)
         below the default makes it yield to live sessions (see :meth:`set_cpu_weight`).
-        Leaves nothing behind when it fails.
+        ``paused``: its vCPUs stay stopped (no CPU used, the guest's clocks stand still)
+        until :meth:`resume`. Leaves nothing behind when it fails.
 
         Raises:
             HypervisorError: the state file is missing or corrupt, or the restore failed.
@@ -240,6 +254,14 @@ class Hypervisor(Protocol):
 
         Raises:
             HypervisorError: the restore failed (the session has no domain any more).
+        """
+        ...
+
+    def resume(self, session_id: str) -> None:
+        """Run a domain restored ``paused`` (a no-op for a running one).
+
+        Raises:
+            HypervisorError: no such domain, or libvirt refused.
         """
         ...
 

@@ -22,6 +22,7 @@ __all__ = [
     "clone_domain_xml",
     "cpu_quota_us",
     "domain_name",
+    "generation_of",
     "hard_limit_mib",
     "metadata_owner",
     "render_domain_xml",
@@ -63,14 +64,25 @@ def cpu_quota_us(spec: SessionSpec) -> int:
     return CPU_PERIOD_US * spec.cpu_quota_pct // 100
 
 
-def domain_name(session_id: str) -> str:
-    """The libvirt domain name of a session: ``deskvm-<session_id>``."""
-    return DOMAIN_PREFIX + session_id
+def domain_name(session_id: str, generation: int = 0) -> str:
+    """The libvirt domain name of a session: ``deskvm-<session_id>``, or
+    ``deskvm-<session_id>-r<generation>`` for the domain of its ``generation``-th reset
+    (a reset's new domain runs while libvirt still cleans up the old one)."""
+    name = DOMAIN_PREFIX + session_id
+    return name if generation == 0 else f"{name}-r{generation}"
 
 
 def session_id_of(name: str) -> str | None:
     """The session id in a deskvm domain name, or ``None`` for other domains."""
-    return name[len(DOMAIN_PREFIX) :] if name.startswith(DOMAIN_PREFIX) else None
+    if not name.startswith(DOMAIN_PREFIX):
+        return None
+    return name[len(DOMAIN_PREFIX) :].split("-r", 1)[0]
+
+
+def generation_of(name: str) -> int:
+    """The reset generation in a deskvm domain name (0: never reset)."""
+    _, sep, gen = name.rpartition("-r")
+    return int(gen) if sep and gen.isdigit() else 0
 
 
 def vga_memory_kib(display: DisplaySpec) -> int:
@@ -280,8 +292,9 @@ def clone_domain_xml(
 
     Same devices as ``saved_xml`` (a saved domain's XML, see
     :mod:`orchestrator.hypervisor.save_image`), but the clone's own name
-    (``deskvm-<session_id>``), UUID, VM generation ID (a new one: the guest reseeds its
-    RNG), metadata, overlay, serial log files and guest helper socket, and no
+    (``deskvm-<session_id>``, ``-r<N>`` added for ``paths.generation`` N), UUID, VM
+    generation ID (a new one: the guest reseeds its RNG), metadata, overlay, serial log
+    files and guest helper socket, and no
     ``<memtune>`` (the hard limit is applied live, as for a cold start).
 
     Raises:
@@ -293,7 +306,7 @@ def clone_domain_xml(
     meta = dom.find(f"metadata/{{{METADATA_NS}}}session")
     if dom.tag != "domain" or name is None or meta is None:
         raise ValueError("not a deskvm domain XML")
-    name.text = domain_name(session_id)
+    name.text = domain_name(session_id, paths.generation)
     for tag, value in (("uuid", uuid), ("genid", genid), ("title", f"deskvm session {session_id}")):
         el = dom.find(tag)
         if el is None:

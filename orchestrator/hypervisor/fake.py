@@ -36,6 +36,8 @@ class FakeDomain:
         self.restored_from = restored_from
         """The saved state this domain was restored from (``None``: booted)."""
         self.cpu_weight = 1024
+        self.paused = False
+        """Whether its vCPUs are stopped (restored ``paused``, until ``resume``)."""
         self.clock_set = 0
         """How often the host set this guest's clock."""
         self.nic = nic
@@ -219,7 +221,12 @@ class FakeHypervisor:
             return state
 
     def restore(
-        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+        self,
+        spec: SessionSpec,
+        state: SavedState,
+        *,
+        cpu_weight: int | None = None,
+        paused: bool = False,
     ) -> FakeDomain:
         with self._lock:
             try:
@@ -241,6 +248,7 @@ class FakeHypervisor:
                 restored_from=state.state_file,
             )
             domain.cpu_weight = saved_weight if cpu_weight is None else cpu_weight
+            domain.paused = paused
             self.domains[spec.session_id] = domain
             self.restored.append(spec.session_id)
             return domain
@@ -264,6 +272,13 @@ class FakeHypervisor:
             self.domains[spec.session_id] = domain
             self.restored.append(spec.session_id)
             return domain
+
+    def resume(self, session_id: str) -> None:
+        with self._lock:
+            domain = self.domains.get(session_id)
+            if domain is None:
+                raise HypervisorError(f"no domain of session {session_id}")
+            domain.paused = False
 
     def set_cpu_weight(self, session_id: str, cpu_weight: int) -> None:
         with self._lock:

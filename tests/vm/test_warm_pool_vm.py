@@ -19,7 +19,7 @@ from agent_bridge.protocol import parse_deskvm_action
 from agent_bridge.protocol.results import ImageResult
 from agent_bridge.runtime import build_manager
 from orchestrator.hypervisor.base import LIVE_CPU_WEIGHT
-from orchestrator.hypervisor.domain_xml import domain_name
+from orchestrator.hypervisor.domain_xml import domain_name, generation_of, session_id_of
 from orchestrator.session import Session
 from orchestrator.settings import Settings
 from orchestrator.spec import DisplaySpec
@@ -42,12 +42,40 @@ def _wait_for(session: Session, pattern: str, timeout_s: float) -> re.Match[str]
     raise AssertionError(f"{pattern!r} never reached the guest log of {session.id}")
 
 
-def _cpu_shares(settings: Settings, session_id: str) -> int:
+def _domains(settings: Settings, session_id: str) -> list[str]:
+    """The session's domains: ``deskvm-<id>``, then ``deskvm-<id>-r<N>`` after resets."""
     conn = libvirt.open(settings.libvirt_uri)
     try:
-        return int(conn.lookupByName(domain_name(session_id)).schedulerParameters()["cpu_shares"])
+        found = [d.name() for d in conn.listAllDomains(0) if session_id_of(d.name()) == session_id]
     finally:
         conn.close()
+    return sorted(found, key=generation_of)
+
+
+def _current(settings: Settings, session_id: str, what: str) -> int:
+    conn = libvirt.open(settings.libvirt_uri)
+    try:
+        dom = conn.lookupByName(_domains(settings, session_id)[-1])
+        if what == "cpu_shares":
+            return int(dom.schedulerParameters()["cpu_shares"])
+        return int(dom.info()[0])
+    finally:
+        conn.close()
+
+
+def _cpu_shares(settings: Settings, session_id: str) -> int:
+    return _current(settings, session_id, "cpu_shares")
+
+
+def _state(settings: Settings, session_id: str) -> int:
+    return _current(settings, session_id, "state")
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
 
 
 def _focus_xterm(session: Session) -> None:
@@ -67,6 +95,8 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
     sessions: list[Session] = []
     try:
         assert manager.pool.wait_full(POOL_FILL_TIMEOUT_S), manager.pool.status()
+        # Pooled desktops wait paused (no CPU used); a claimed one runs.
+        assert {_state(settings, i) for i in manager.pool.ids()} == {libvirt.VIR_DOMAIN_PAUSED}
         time.sleep(3)  # the saved state is now seconds old: a clock left alone is behind
         for _ in range(2):
             session = manager.create(image=settings.default_image, display=DisplaySpec())
@@ -74,6 +104,7 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
             assert session.start_kind == "warm", session.start_phases_s
             assert session.clock_offset_s is not None and abs(session.clock_offset_s) < 1.0
             assert _cpu_shares(settings, session.id) == LIVE_CPU_WEIGHT
+            assert _state(settings, session.id) == libvirt.VIR_DOMAIN_RUNNING
         randoms, offsets = [], []
         for n, session in enumerate(sessions):
             _focus_xterm(session)
@@ -102,6 +133,11 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
         assert first.resets == 1 and reset_s is not None
         # The template was saved at the pool's low CPU weight: the reset one runs as live.
         assert _cpu_shares(settings, first.id) == LIVE_CPU_WEIGHT
+        # The reset's domain has the next generation's name; libvirt lets go of the old.
+        assert _domains(settings, first.id)[-1] == f"{domain_name(first.id)}-r1"
+        _wait(lambda: len(_domains(settings, first.id)) == 1, 15, "the old domain gone")
+        assert not (settings.sessions_dir / first.id / "overlay.qcow2").exists()
+        print(f"reset phases: {first.reset_phases_s}")
         assert first.clock_offset_s is not None and abs(first.clock_offset_s) < 1.0
         _focus_xterm(first)
         _act(
@@ -112,6 +148,13 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
         )
         assert _wait_for(first, r"mark=(kept|gone)", 60).group(1) == "gone"
         print(f"reset took {reset_s:.2f} s")
+        # A second reset: generation 2, the guest helper and the clock answer again.
+        second_s = manager.reset(first.id).last_reset_s
+        assert _domains(settings, first.id)[-1] == f"{domain_name(first.id)}-r2"
+        assert first.clock_offset_s is not None and abs(first.clock_offset_s) < 1.0
+        _act(first, action="type", text="echo second-reset-ok > /dev/ttyS1\n")
+        _wait_for(first, r"second-reset-ok", 60)
+        print(f"second reset took {second_s:.2f} s: {first.reset_phases_s}")
     finally:
         for session in sessions:
             manager.delete(session.id)
@@ -120,3 +163,4 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
         manager.hypervisor.close()  # type: ignore[attr-defined]
     assert leftovers == set()
     assert not (settings.pool_dir / manager.owner).exists()
+    assert [_domains(settings, s.id) for s in sessions] == [[], []]
