@@ -9,14 +9,17 @@ Prints, in one run against one in-process server with a warm pool of the default
   * warm start: the same for 1280x800 sessions handed a pool desktop, one after the other
     while the pool refills (each session takes a screenshot and is deleted); p50/p95,
     the slowest, how many fell back to cold, and the cold/warm ratio of the p50s;
-  * reset: ``POST /v1/sessions/{id}/reset`` of one warm session, p50/p95;
-  * memory of a pooled idle desktop: the QEMU process's resident set (libvirt's ``rss``),
-    its hard limit, and how many fit in 24 GiB by each.
+  * warm claims in a row while the pool refills: none may fall back to cold or take more
+    than 3 s (printed: how many did);
+  * reset: ``POST /v1/sessions/{id}/reset`` of one warm session until its next screenshot,
+    p50/p95, and the server's phases (restore, clock, first frame) of the median reset;
+  * a pooled idle desktop: the QEMU process's resident set (libvirt's ``rss``), its hard
+    limit, how many fit in 24 GiB by each, and the CPU it uses while waiting (paused).
 
 Run as root on a host set up by `deskvm doctor --fix` with the default image built, under
 the VM lock:
-    flock /run/deskvm-vm.lock .venv/bin/python bench/startup.py [--cold 5] [--warm 20]
-        [--resets 10] [--pool 2]
+    flock /run/deskvm-vm.lock .venv/bin/python bench/startup.py [--cold 20] [--warm 20]
+        [--resets 20] [--pool 3]
 """
 
 from __future__ import annotations
@@ -73,10 +76,10 @@ def start_once(client: Client, width: int, height: int) -> tuple[float, float, d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cold", type=int, default=5, help="cold starts to time")
+    parser.add_argument("--cold", type=int, default=20, help="cold starts to time")
     parser.add_argument("--warm", type=int, default=20, help="warm starts to time")
-    parser.add_argument("--resets", type=int, default=10, help="resets to time")
-    parser.add_argument("--pool", type=int, default=2, help="warm pool size")
+    parser.add_argument("--resets", type=int, default=20, help="resets to time")
+    parser.add_argument("--pool", type=int, default=3, help="warm pool size")
     args = parser.parse_args()
 
     base = Settings.from_env()
@@ -111,10 +114,17 @@ def main() -> None:
 
         rss_kib = []
         pooled = manager.pool.ids()
-        for sid in pooled:
-            stats = conn.lookupByName(domain_name(sid)).memoryStats()
-            rss_kib.append(stats.get("rss", 0))
+        domains = [conn.lookupByName(domain_name(sid)) for sid in pooled]
+        for dom in domains:
+            rss_kib.append(dom.memoryStats().get("rss", 0))
         hard_mib = manager.pool.memory_mib() // len(pooled)
+        paused = sum(dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED for dom in domains)
+        cpu0, t_cpu = sum(dom.info()[4] for dom in domains), time.monotonic()
+        time.sleep(10)
+        idle_cpu_pct = (
+            (sum(dom.info()[4] for dom in domains) - cpu0) / 1e9 / (time.monotonic() - t_cpu)
+            * 100 / len(domains)
+        )  # fmt: skip
 
         cold_created, cold_frame = [], []
         for _ in range(args.cold):
@@ -133,6 +143,7 @@ def main() -> None:
             warm_frame.append(frame)
 
         reset_s: list[float] = []
+        reset_phases: list[tuple[float, dict[str, float]]] = []
         if args.resets:
             if not manager.pool.wait_full(120):
                 raise SystemExit("the pool did not refill for the reset run")
@@ -144,6 +155,8 @@ def main() -> None:
                     session.reset()
                     session.screenshot()
                     reset_s.append(time.monotonic() - t)
+                    live = manager.get(session.id)
+                    reset_phases.append((live.last_reset_s or 0.0, dict(live.reset_phases_s)))
             finally:
                 client.delete_session(session.id)
     conn.close()
@@ -153,16 +166,25 @@ def main() -> None:
     print(f"warm start, create answered:    {summary(warm_created)}")
     print(f"warm start, first frame:        {summary(warm_frame)}")
     print(f"warm claims that fell back to cold: {fell_back} of {args.warm}")
+    slow = sum(t > 3.0 for t in warm_frame)
+    print(f"warm claims slower than 3 s (first frame): {slow} of {len(warm_frame)}")
     if cold_frame and warm_frame:
         ratio = statistics.median(cold_frame) / statistics.median(warm_frame)
         print(f"cold/warm ratio (p50 first frame): {ratio:.1f}x")
     print(f"reset + first frame:            {summary(reset_s)}")
+    if reset_phases:
+        server_s, phases = sorted(reset_phases, key=lambda p: p[0])[len(reset_phases) // 2]
+        print(f"median reset on the server: {server_s:.2f} s, phases {phases}")
     if rss_kib:
         rss_mib = statistics.median(rss_kib) / 1024
         print(
             f"pooled idle desktop: rss {rss_mib:.0f} MiB (median of {len(rss_kib)}), hard limit "
             f"{hard_mib} MiB; in 24 GiB: {int(GIB_24_MIB // rss_mib)} by rss, "
             f"{GIB_24_MIB // hard_mib} by hard limit"
+        )
+        print(
+            f"pooled idle desktops: {paused} of {len(rss_kib)} paused, CPU "
+            f"{idle_cpu_pct:.2f} % of a core each (10 s)"
         )
 
 
