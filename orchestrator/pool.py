@@ -17,9 +17,10 @@ Identity: pool desktops have session ids and directories like sessions (a claime
 successor, which does not know them. Memory: every pool domain's hard limit counts in
 the server's memory budget (``reserve``); the manager evicts pool desktops when a
 session needs the room (:meth:`WarmPool.evict`). Invalidation: the image is resolved
-again on every refill round; a new content hash drops the template and its desktops
-and builds anew. Faults: a save or restore that fails is reported in
-:meth:`WarmPool.status` (and the log); the template is dropped and rebuilt after
+again on every refill round; a new content hash, or a base file rebuilt in place (same
+hash, another inode or mtime), drops the template and its desktops and builds anew.
+Faults: a save or restore that fails is reported in :meth:`WarmPool.status` (and the
+log); the template is dropped and rebuilt after
 :data:`RETRY_S`, and sessions boot cold meanwhile.
 """
 
@@ -165,6 +166,18 @@ class _Entry:
     template_boot_s: float | None = None
     save_s: float | None = None
     restore_s: list[float] = field(default_factory=list)
+    base_stamp: tuple[int, int, int] | None = None
+
+
+def _base_stamp(image: BootImage) -> tuple[int, int, int] | None:
+    """The base image file's identity (device, inode, mtime): a saved state's frozen disk
+    backs onto that file, so a rebuild in place (same content hash, ``--force``) must
+    drop the template too."""
+    try:
+        st = image.base_path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
 class WarmPool:
@@ -364,8 +377,11 @@ class WarmPool:
             self._fail(entry, f"image {target.image!r}: {exc.message}")
             return
         key = self.key_of(target, image)
+        stamp = _base_stamp(image)
         if entry.key is not None and entry.key != key:
             self._drop(entry, f"image {target.image} changed ({key.image_hash[:12]})")
+        elif entry.key is not None and entry.base_stamp != stamp:
+            self._drop(entry, f"image {target.image} was rebuilt in place")
         if entry.state is None:
             self._build_template(entry, image, key)
             if entry.state is None:
@@ -408,6 +424,7 @@ class WarmPool:
             return
         spec = self._spec(image, target, session_id)
         dest = self.pool_dir / key.digest
+        stamp = _base_stamp(image)  # before the boot: a rebuild meanwhile is seen next round
         with self._lock:
             entry.phase, entry.key, entry.image = "building", key, image
         t0 = time.monotonic()
@@ -436,6 +453,7 @@ class WarmPool:
         with self._lock:
             entry.state, entry.template_boot_s, entry.save_s = state, boot_s, save_s
             entry.error, entry.failed_at = None, None
+            entry.base_stamp = stamp
 
     def _wait_drawn(self, spec: SessionSpec, domain: Domain) -> None:
         deadline = time.monotonic() + spec.boot_timeout_s

@@ -360,3 +360,28 @@ def test_the_reaper_removes_the_pool_files_of_gone_servers(
     finally:
         other.close()
         me.close()
+
+
+def test_an_image_rebuilt_in_place_drops_the_pool(tmp_path: Path) -> None:
+    # Same content hash (deskvm image build --force), new base file: the saved state's
+    # frozen disk backs onto that path, so restoring it again would mix two disks.
+    base = tmp_path / "base.qcow2"
+    base.write_bytes(b"one")
+    images = Images()
+    images.image = BootImage("debian12-desktop", "cd" * 32, base, Path("/k"), Path("/i"))
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1, resolve=images)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        old = m.pool.ids()
+        replacement = tmp_path / "new.qcow2"
+        replacement.write_bytes(b"two")
+        replacement.rename(base)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (len(hv.saved) < 2 or not m.pool.wait_full(0.1)):
+            time.sleep(0.02)
+        assert len(hv.saved) == 2 and not old & m.pool.ids() and not old & set(hv.domains)
+    finally:
+        m.close_all()
+        m.close_pool()
