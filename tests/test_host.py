@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent_bridge.runtime import ensure_token, resolve_accel
+from orchestrator import host
 from orchestrator.errors import ConfigError, HostSetupError
 from orchestrator.host import PROBE_MESSAGE, boot_sector, load_accel
 from orchestrator.settings import Settings
@@ -57,3 +58,13 @@ def test_token_file_is_private_and_stable(tmp_path: Path) -> None:
     assert stat.S_IMODE(s.token_file.stat().st_mode) == 0o600
     assert ensure_token(s) == token
     assert ensure_token(s.replace(token="given")) == "given"
+
+
+def test_libvirtd_is_started_under_a_reaping_subreaper_when_tini_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(host.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert host.libvirtd_command() == ["tini", "-s", "--", "libvirtd"]
+    monkeypatch.setattr(host.shutil, "which", lambda name: None)
+    assert host.libvirtd_command() == ["libvirtd", "-d"]
+    assert "tini" in host.APT_PACKAGES
