@@ -150,7 +150,7 @@ class SessionManager:
         max_sessions: int = 4,
         clock: Clock | None = None,
         pacing: Pacing | None = None,
-        ready_poll_s: float = 0.5,
+        ready_poll_s: float = 0.1,
         capture_fps: float | None = None,
         max_total_memory_mib: int | None = None,
         memory_overhead_mib: int = 768,

@@ -265,7 +265,9 @@ class Session:
             Ignored when ``egress`` attaches the session (the attachment gives the NIC).
         egress: the egress seam; needed when ``spec.egress`` is set (the session's
             bridge, rules and resolver are attached before the domain starts).
-        ready_poll_s: how often readiness is checked during boot.
+        ready_poll_s: how often readiness is checked during boot, seconds: a read of the
+            guest log, and a frame check once it says ``DESKVM_READY`` (each interval adds
+            up to that much to the boot).
         capture_fps: continuous capture rate once ready (frames per second; ``None``: no
             continuous capture and no stills at input moments, only screenshots).
         network_poll_s: how often egress decisions are drained into the recording (s).
@@ -293,7 +295,7 @@ class Session:
         pacing: Pacing | None = None,
         nic: NicAttachment | None = None,
         egress: Egress | None = None,
-        ready_poll_s: float = 0.5,
+        ready_poll_s: float = 0.1,
         capture_fps: float | None = None,
         network_poll_s: float = 1.0,
         store: SessionStore | None = None,

@@ -41,6 +41,9 @@ SHIPPED = (DEFAULT_IMAGE, "debian12-full")
 
 GUEST_FILES = (
     "base/usr/local/lib/deskvm/session",
+    "base/usr/local/lib/deskvm/bootstats",
+    "base/usr/local/lib/deskvm/initrd/init",
+    "base/usr/local/lib/deskvm/initrd/modules",
     "base/usr/local/lib/deskvm/autostart",
     "base/usr/local/bin/deskvm-input-probe",
     "base/usr/local/bin/deskvm-helper",
@@ -54,6 +57,8 @@ GUEST_FILES = (
 )
 EXECUTABLES = (
     "base/usr/local/lib/deskvm/session",
+    "base/usr/local/lib/deskvm/bootstats",
+    "base/usr/local/lib/deskvm/initrd/init",
     "base/usr/local/lib/deskvm/autostart",
     "base/usr/local/bin/deskvm-input-probe",
     "base/usr/local/bin/deskvm-helper",
@@ -507,6 +512,22 @@ def test_find_image_incomplete_dir(recipes: Path, tmp_path: Path) -> None:
     images = tmp_path / "images"
     image_dir = _fake_build(recipes, images)
     (image_dir / "initrd.img").unlink()
+    with pytest.raises(ImageNotFound, match="not built"):
+        find_image(DEFAULT_IMAGE, images, recipes_dir=recipes)
+
+
+def test_a_pvh_kernel_is_named_in_the_metadata(recipes: Path, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    image_dir = _fake_build(recipes, images)
+    meta = json.loads((image_dir / "image.json").read_text())
+    (image_dir / "image.json").write_text(json.dumps({**meta, "kernel_file": "vmlinux"}))
+    with pytest.raises(ImageNotFound, match="not built"):  # no vmlinux file yet
+        find_image(DEFAULT_IMAGE, images, recipes_dir=recipes)
+    (image_dir / "vmlinuz").rename(image_dir / "vmlinux")
+    assert find_image(DEFAULT_IMAGE, images, recipes_dir=recipes).kernel_path == (
+        image_dir / "vmlinux"
+    )
+    (image_dir / "image.json").write_text(json.dumps({**meta, "kernel_file": "../x"}))
     with pytest.raises(ImageNotFound, match="not built"):
         find_image(DEFAULT_IMAGE, images, recipes_dir=recipes)
 

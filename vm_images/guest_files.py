@@ -53,9 +53,12 @@ def write_guest_files(name: str, target: Path, *, installed_system: bool = False
     if installed_system:
         for preseed in recipe.model.files.preseed:
             shutil.rmtree(rootfs / preseed, ignore_errors=True)
-        start = script.index("kver=$(ls /lib/modules")
-        end = script.index("done\n", start) + len("done\n")
-        script = script[:start] + script[end:]
+        # The distribution initrd's module check (recipes whose file sets bring no initrd of
+        # their own have it): an installed system boots its own initrd.
+        start = script.find("kver=$(ls /lib/modules")
+        if start != -1:
+            end = script.index("done\n", start) + len("done\n")
+            script = script[:start] + script[end:]
     (target / "finalize.sh").write_text(script, encoding="utf-8")
     (target / "packages.txt").write_text("\n".join(recipe.packages) + "\n", encoding="utf-8")
     m = recipe.model

@@ -75,7 +75,7 @@ __all__ = [
     "xkb_layouts",
 ]
 
-BUILDER_FORMAT_VERSION = 3
+BUILDER_FORMAT_VERSION = 4
 """Bumped whenever the builder changes what it produces; part of every content hash."""
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"

@@ -4,7 +4,10 @@ Layout (``images_dir`` is ``DESKVM_IMAGES_DIR``, default ``<state_dir>/images``)
 
     <images_dir>/<name>/<content_hash>/
         base.qcow2      read-only base disk (sessions add an overlay)
-        vmlinuz         kernel, initrd.img initial ramdisk (direct-boot images only)
+        vmlinux         kernel (direct-boot images only): the ELF image with a PVH entry
+                        (recipe builds whose kernel has one; image.json "kernel_file"),
+                        else vmlinuz, the bzImage
+        initrd.img      initial ramdisk (direct-boot images only)
         packages.tsv    installed Debian packages (recipe builds)
         image.json      what the session needs to boot it (written last: its presence
                         makes the directory complete)
@@ -54,7 +57,15 @@ __all__ = [
 ]
 
 IMAGE_FILES = ("base.qcow2", "image.json")
-DIRECT_FILES = ("vmlinuz", "initrd.img")
+KERNEL_FILES = ("vmlinuz", "vmlinux")
+"""Names the kernel of a direct-boot image may have (``image.json`` ``kernel_file``)."""
+
+
+def _kernel_file(meta: dict[str, Any]) -> str:
+    name = meta.get("kernel_file", "vmlinuz")
+    if name not in KERNEL_FILES:
+        raise ValueError(f"kernel_file {name!r} (one of {', '.join(KERNEL_FILES)})")
+    return str(name)
 
 
 class ImageNotVerified(ImageNotFound):
@@ -144,8 +155,11 @@ def read_meta(image_dir: Path) -> dict[str, Any] | None:
     if not isinstance(meta, dict) or meta.get("content_hash") != image_dir.name:
         return None
     boot = meta.get("boot", "direct")
-    files = IMAGE_FILES + (DIRECT_FILES if boot == "direct" else ())
-    if not all((image_dir / f).is_file() for f in files):
+    try:
+        direct = (_kernel_file(meta), "initrd.img") if boot == "direct" else ()
+    except ValueError:
+        return None
+    if not all((image_dir / f).is_file() for f in IMAGE_FILES + direct):
         return None
     return meta
 
@@ -178,7 +192,7 @@ def boot_image(image_dir: Path, meta: dict[str, Any]) -> BootImage:
             name=str(meta["name"]),
             content_hash=image_dir.name,
             base_path=image_dir / "base.qcow2",
-            kernel_path=image_dir / "vmlinuz" if direct else None,
+            kernel_path=image_dir / _kernel_file(meta) if direct else None,
             initrd_path=image_dir / "initrd.img" if direct else None,
             kernel_cmdline=str(meta.get("kernel_cmdline", "")),
             background_rgb=(rgb[0], rgb[1], rgb[2]),
