@@ -286,7 +286,13 @@ class FakeTaskSession:
         return FakeExec()
 
     def put_file(self, path: str, data: bytes) -> dict[str, Any]:
+        from agent_bridge.protocol.guest import PUT_FILE_MAX_BYTES
+
         self.calls.append(("put_file", path))
+        if len(data) > PUT_FILE_MAX_BYTES:  # as the bridge refuses it
+            raise RemoteError(
+                "invalid_action", f"the file is larger than {PUT_FILE_MAX_BYTES} bytes"
+            )
         self.files[self._path(path)] = bytes(data)
         return {"path": path, "size": len(data)}
 

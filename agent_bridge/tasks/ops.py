@@ -8,7 +8,10 @@ the start of an argument is the user's home (as OSWorld's guest server expands i
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import secrets
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agent_bridge.client import RemoteError
+from agent_bridge.protocol.guest import PUT_FILE_MAX_BYTES, check_guest_path
 from agent_bridge.tasks.guest import ExecOutcome, TaskSession
 from agent_bridge.tasks.model import (
     A11yParams,
@@ -45,6 +49,18 @@ __all__ = ["GETTERS", "SETUP_STEPS", "TaskOps", "egress_allows"]
 UNTIL_TRIES = 100
 """Most runs of an ``execute`` step with ``until`` (0.3 s apart) before it fails."""
 DOWNLOAD_TIMEOUT_S = 300.0
+JOIN_TIMEOUT_S = 120.0
+"""Deadline of the guest command joining an upload's parts, seconds."""
+# Joins the parts ($1/part.*) of an upload, checks the SHA-256 ($3), moves it to $2; the
+# parts directory goes whatever happens.
+_JOIN = (
+    'trap \'rm -rf "$1" "$2.deskvm-upload"\' EXIT; '
+    'cat "$1"/part.* > "$2.deskvm-upload" || exit 1; '
+    'got=$(sha256sum < "$2.deskvm-upload" | cut -d" " -f1); '
+    'if [ "$got" != "$3" ]; then '
+    'echo "the joined parts\' SHA-256 is $got, not $3" >&2; exit 1; fi; '
+    'mv -f "$2.deskvm-upload" "$2"'
+)
 _STDERR_TAIL_CHARS = 400
 
 
@@ -254,7 +270,39 @@ class TaskOps:
                 data = local.read_bytes()
             except OSError as exc:
                 raise TaskSetupError(f"{what}: cannot read {local}: {exc.strerror}") from exc
-            self.session.put_file(self.guest_path(item.path), data)
+            path = self.guest_path(item.path)
+            if len(data) <= PUT_FILE_MAX_BYTES:
+                self.session.put_file(path, data)
+            else:
+                self._upload_parts(path, data, what)
+
+    def _upload_parts(self, path: str, data: bytes, what: str) -> None:
+        """A file over ``put_file``'s cap: parts into a private directory under ``/tmp``,
+        then one ``exec`` joins them, checks their SHA-256 and moves the file into place
+        (a file already at ``path`` stays as it was if anything fails)."""
+        check_guest_path(path)  # the host's lexical confinement, as put_file's own
+        parts = f"/tmp/.deskvm-upload-{secrets.token_hex(8)}"
+        made = self._exec(["mkdir", "-m", "700", parts], what)
+        if made.exit_code != 0:
+            raise TaskSetupError(f"{what}: cannot make {parts}: {made.stderr.strip()}")
+        try:
+            for n, start in enumerate(range(0, len(data), PUT_FILE_MAX_BYTES)):
+                self.session.put_file(
+                    f"{parts}/part.{n:05d}", data[start : start + PUT_FILE_MAX_BYTES]
+                )
+        except BaseException:
+            with contextlib.suppress(Exception):  # the first error is the one to tell
+                self._exec(["rm", "-rf", parts], what)
+            raise
+        want = hashlib.sha256(data).hexdigest()
+        out = self._exec(
+            ["sh", "-c", _JOIN, "deskvm-upload", parts, path, want], what,
+            timeout_s=JOIN_TIMEOUT_S,
+        )  # fmt: skip
+        if out.exit_code != 0:
+            raise TaskSetupError(
+                f"{what}: {path}: {out.stderr.strip()[-_STDERR_TAIL_CHARS:] or 'join failed'}"
+            )
 
     def _download(self, p: DownloadParams, what: str) -> None:
         for item in p.files:

@@ -119,6 +119,73 @@ def test_open_without_xdg_open_and_a_refused_upload_are_setup_errors(tmp_path: P
         env.reset(parse_task(hello_task(config=[up]), path=tmp_path / "t.json"))
 
 
+def test_an_upload_over_put_files_cap_goes_in_parts_and_is_checked(tmp_path: Path) -> None:
+    """A file larger than one put_file: parts into a private /tmp directory, then one exec
+    joins them, checks the SHA-256 and moves the result into place. The fake keeps
+    put_file's cap and runs that exec's argv for real on this host (sh, cat, sha256sum)."""
+    import os
+    import shutil
+    import subprocess
+
+    from agent_bridge.protocol.guest import PUT_FILE_MAX_BYTES
+
+    root = tmp_path / "guest"
+    home = HOME
+    data = os.urandom(2 * PUT_FILE_MAX_BYTES + 12345)
+    (tmp_path / "big.bin").write_bytes(data)
+    fake = FakeTaskSession(home=home)
+
+    def guest_exec(argv: list[str], stdin: str | None) -> FakeExec:
+        # Lay the fake's files out on disk (under root), run argv there, read them back.
+        def real(path: str) -> Path:
+            return root / path.lstrip("/")
+
+        shutil.rmtree(root / "tmp", ignore_errors=True)
+        (root / "tmp").mkdir(parents=True)
+        real(HOME).mkdir(parents=True, exist_ok=True)
+        for path, content in fake.files.items():
+            real(path).parent.mkdir(parents=True, exist_ok=True)
+            real(path).write_bytes(content)
+        args = [f"{root}{a}" if a.startswith(("/tmp/", HOME)) else a for a in argv]
+        done = subprocess.run(args, capture_output=True, text=True, check=False)
+        fake.files = {
+            "/" + str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*") if f.is_file()
+        }
+        return FakeExec(done.returncode, done.stdout, done.stderr)
+
+    fake.exec_handler = guest_exec
+    up = {"type": "upload_file",
+          "parameters": {"files": [{"local_path": "big.bin", "path": "~/big.bin"}]}}  # fmt: skip
+    env = make_env(fake, tmp_path)
+    env.reset(parse_task(hello_task(config=[up]), path=tmp_path / "t.json"))
+    assert fake.files[f"{home}/big.bin"] == data
+    assert [p for p in fake.files if p.startswith("/tmp/")] == []  # the parts are gone
+    puts = [c[1] for c in fake.calls if c[0] == "put_file"]
+    assert len(puts) == 3 and all(p.startswith("/tmp/.deskvm-upload-") for p in puts)
+    # A part that arrives wrong is caught by the hash, and nothing replaces the file.
+    real_put = fake.put_file
+
+    def corrupting_put(path: str, content: bytes) -> dict[str, Any]:
+        return real_put(path, content[:-1] + b"?" if path.endswith("1") else content)
+
+    fake.put_file = corrupting_put  # type: ignore[method-assign]
+    fake.files[f"{home}/big.bin"] = b"old"
+    with pytest.raises(TaskSetupError, match=r"upload_file: .*big\.bin: the joined parts' SHA-256"):
+        env.reset(parse_task(hello_task(config=[up]), path=tmp_path / "t.json"))
+    assert fake.files[f"{home}/big.bin"] == b"old"
+    assert [p for p in fake.files if p.startswith("/tmp/")] == []
+
+
+def test_the_fake_keeps_put_files_cap() -> None:
+    from agent_bridge.client import RemoteError
+    from agent_bridge.protocol.guest import PUT_FILE_MAX_BYTES
+
+    fake = FakeTaskSession()
+    fake.put_file("/tmp/ok", b"x" * PUT_FILE_MAX_BYTES)
+    with pytest.raises(RemoteError, match="larger than"):
+        fake.put_file("/tmp/big", b"x" * (PUT_FILE_MAX_BYTES + 1))
+
+
 def test_download_needs_an_egress_policy_allowing_it_before_anything_runs(tmp_path: Path) -> None:
     step = {"type": "download",
             "parameters": {"files": [{"url": "https://files.example.org/a.csv",

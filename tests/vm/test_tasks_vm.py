@@ -6,7 +6,9 @@ clear what they check, so one boot serves all twenty runs).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,26 @@ def test_example_tasks_pass_with_the_solving_agent_and_fail_with_the_failing_one
         errors = {r["id"]: r["error"] for r in rows if r["error"] is not None}
         assert not errors, errors  # wrong work is a failed task, not a broken harness
         assert code == 1 and "0/10 passed, 10 failed, 0 errors" in text, text
+
+        # A file over put_file's cap goes up in parts (upload_file), joined in the guest.
+        big = os.urandom(1_600_000)
+        (tmp_path / "big.bin").write_bytes(big)
+        (tmp_path / "big.json").write_text(json.dumps({
+            "id": "big-upload", "instruction": "nothing to do",
+            "config": [{"type": "upload_file", "parameters": {"files": [
+                {"local_path": "big.bin", "path": "~/big.bin"}]}}],
+            "evaluator": {"func": "check_include_exclude",
+                          "result": {"type": "vm_command_line", "command": "sha256sum ~/big.bin"},
+                          "expected": {"type": "rule", "rules": {
+                              "include": [hashlib.sha256(big).hexdigest()]}}},
+        }))  # fmt: skip
+        url, token = deskvm_server
+        result = CliRunner().invoke(app, [
+            "task", "run", str(tmp_path / "big.json"), "--url", url, "--token", token,
+            "--session", session.id, "--out", str(tmp_path / "big"),
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert session.exec(["sh", "-c", "ls -A /tmp | grep -c deskvm-upload"]).stdout == "0\n"
 
         # The recording holds the tasks' control calls (sizes and hashes) beside the input.
         lines = Path(recording, "events.jsonl").read_text().splitlines()
