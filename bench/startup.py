@@ -118,13 +118,18 @@ def main() -> None:
         for dom in domains:
             rss_kib.append(dom.memoryStats().get("rss", 0))
         hard_mib = manager.pool.memory_mib() // len(pooled)
-        paused = sum(dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED for dom in domains)
-        cpu0, t_cpu = sum(dom.info()[4] for dom in domains), time.monotonic()
+        paused = [dom for dom in domains if dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED]
+        running = [dom for dom in domains if dom not in paused]
+        cpu0 = {dom.name(): dom.info()[4] for dom in domains}
+        t_cpu = time.monotonic()
         time.sleep(10)
-        idle_cpu_pct = (
-            (sum(dom.info()[4] for dom in domains) - cpu0) / 1e9 / (time.monotonic() - t_cpu)
-            * 100 / len(domains)
-        )  # fmt: skip
+        span_s = time.monotonic() - t_cpu
+
+        def cpu_pct(group: list[Any]) -> float:
+            used = sum(dom.info()[4] - cpu0[dom.name()] for dom in group)
+            return used / 1e9 / span_s * 100 / max(1, len(group))
+
+        running_pct, paused_pct = cpu_pct(running), cpu_pct(paused)
 
         cold_created, cold_frame = [], []
         for _ in range(args.cold):
@@ -183,8 +188,8 @@ def main() -> None:
             f"{GIB_24_MIB // hard_mib} by hard limit"
         )
         print(
-            f"pooled idle desktops: {paused} of {len(rss_kib)} paused, CPU "
-            f"{idle_cpu_pct:.2f} % of a core each (10 s)"
+            f"pooled idle desktops (10 s): {len(running)} running (the next to be claimed), "
+            f"{running_pct:.2f} % of a core each; {len(paused)} paused, {paused_pct:.2f} % each"
         )
 
 

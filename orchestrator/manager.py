@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -74,6 +75,8 @@ __all__ = [
     "AdoptReport",
     "SessionManager",
 ]
+
+log = logging.getLogger("deskvm.pool")
 
 _HISTORY = 256
 
@@ -239,7 +242,11 @@ class SessionManager:
                 self.hypervisor.resume(desktop.spec.session_id)  # pooled desktops wait paused
                 # The session's own link to its start state (for resets; outlives the pool's).
                 desktop.state = self.hypervisor.keep_state(desktop.spec.session_id, desktop.state)
-            except DeskvmError:
+            except DeskvmError as exc:
+                log.warning(
+                    "warm desktop %s could not be handed over (%s); the session boots cold",
+                    desktop.spec.session_id, exc.message,
+                )  # fmt: skip
                 with contextlib.suppress(DeskvmError):
                     self.hypervisor.destroy(desktop.spec.session_id)
                 desktop = None

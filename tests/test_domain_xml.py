@@ -266,6 +266,6 @@ def test_each_reset_generation_has_its_own_name_overlay_and_sockets() -> None:
     assert clone.findtext("name") == "deskvm-abcdef012345-r2"
     sources = {el.get("file") or el.get("path") for el in clone.iter("source")}
     root = "/var/lib/deskvm/sessions/abcdef012345"
-    own = ("overlay.r2.qcow2", "helper.r2.sock", "clock.r2.sock")
+    own = ("overlay.r2.qcow2", "helper.r2.sock", "clock.r2.sock", "console.r2.log", "guest.r2.log")
     assert {f"{root}/{name}" for name in own} <= sources
     assert f"{root}/overlay.qcow2" not in sources and f"{root}/helper.sock" not in sources

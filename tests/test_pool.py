@@ -326,9 +326,13 @@ def test_pooled_desktops_wait_paused_and_run_from_the_claim(tmp_path: Path) -> N
     try:
         assert m.pool.wait_full(5)
         pooled = m.pool.ids()
-        assert all(hv.domains[i].paused for i in pooled), "pooled desktops use CPU while waiting"
+        # The next one to be claimed runs; the others wait paused (no CPU).
+        assert sorted(hv.domains[i].paused for i in pooled) == [False, True]
+        (head,) = [i for i in pooled if not hv.domains[i].paused]
         session = create(m)
-        assert not hv.domains[session.id].paused
+        assert session.id == head and not hv.domains[session.id].paused
+        time.sleep(0.3)  # the refill thread runs the new head
+        assert sorted(hv.domains[i].paused for i in m.pool.ids()) == [False, True]
         m.reset(session.id)
         assert not hv.domains[session.id].paused
     finally:

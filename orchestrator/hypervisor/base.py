@@ -32,8 +32,9 @@ class SessionPaths:
         helper_socket: host end of the guest helper's virtio-serial channel (QEMU listens).
         nvram: UEFI variables of an image that boots with UEFI firmware.
         generation: how often the session was reset: each reset's domain has its own
-            overlay and sockets (libvirt removes the old domain's sockets when it has
-            cleaned it up, which may be after the new one started).
+            overlay, sockets and logs (it is restored while the old domain still exists:
+            virtlogd holds the old one's logs, and libvirt removes its sockets when it
+            has cleaned it up).
     """
 
     root: Path
@@ -53,11 +54,11 @@ class SessionPaths:
 
     @property
     def console_log(self) -> Path:
-        return self.root / "console.log"
+        return self._name("console", ".log")
 
     @property
     def guest_log(self) -> Path:
-        return self.root / "guest.log"
+        return self._name("guest", ".log")
 
     @property
     def nvram(self) -> Path:

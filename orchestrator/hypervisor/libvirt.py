@@ -298,18 +298,22 @@ class LibvirtHypervisor:
             domains = self._conn.listAllDomains(0)
         return [d for d in domains if session_id_of(d.name()) == session_id]
 
-    def _kill(self, name: str) -> bool:
-        """SIGKILL the QEMU process of the domain ``name`` when it runs on this host.
-
-        Whether it was killed (found by libvirt's pid file and checked to be this
-        domain's QEMU, ``-name guest=<name>,``); ``False`` elsewhere (a remote URI).
-        """
+    def _pid(self, name: str) -> int | None:
+        """The QEMU process of the domain ``name`` when it runs on this host (found by
+        libvirt's pid file and checked to be this domain's, ``-name guest=<name>,``);
+        ``None`` elsewhere (a remote URI) or when it is gone."""
         try:
             pid = int((_LIBVIRT_QEMU_RUN / f"{name}.pid").read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
-            return False
-        if b"guest=" + name.encode() + b"," not in cmdline:
+            return None
+        return pid if b"guest=" + name.encode() + b"," in cmdline else None
+
+    def _kill(self, name: str) -> bool:
+        """SIGKILL the QEMU process of the domain ``name`` (see :meth:`_pid`); whether
+        it was."""
+        pid = self._pid(name)
+        if pid is None:
             return False
         try:
             os.kill(pid, signal.SIGKILL)
@@ -620,13 +624,13 @@ class LibvirtHypervisor:
     def reset(self, spec: SessionSpec, state: SavedState) -> LibvirtDomain:
         """See :meth:`Hypervisor.reset`.
 
-        The old domain's QEMU is killed (SIGKILL: its disk is thrown away, nothing to
-        flush) and the new domain restored at once under the next generation's name
-        (``deskvm-<id>-r<N>``), overlay and sockets, while libvirt cleans up the old one
-        in the background: libvirt's destroy waits until the QEMU process is reaped, and
-        on these hosts (a firecracker init as PID 1 that reaps orphans every ~2 s) that
-        was 2.0 s of a 3.0 s reset. Where the QEMU process cannot be found (a remote
-        URI) the old domain is destroyed first, as before.
+        The old domain is paused and the new one restored beside it under the next
+        generation's name (``deskvm-<id>-r<N>``), overlay and sockets; then the old
+        domain's QEMU is killed (SIGKILL: its disk is thrown away, nothing to flush) and
+        libvirt cleans it up in the background. libvirt's destroy waits until the QEMU
+        process is reaped, and on these hosts (a firecracker init as PID 1 that reaps
+        orphans every ~2 s) that was 2.0 s of a 3.0 s reset. Where the QEMU process
+        cannot be found (a remote URI) the old domain is destroyed first, as before.
         """
         sid = spec.session_id
         old_paths = self._paths(sid)
@@ -641,22 +645,31 @@ class LibvirtHypervisor:
                 raise HypervisorError(
                     f"cannot find session {sid}'s domain for a reset: {exc.get_error_message()}"
                 ) from exc
-        if old is not None and not self._kill(old.name()):
+        local = old is not None and self._pid(old.name()) is not None
+        if old is not None:
             try:
-                old.destroy()
+                if local:
+                    old.suspend()  # no CPU, no guest I/O while the new one is restored
+                else:
+                    old.destroy()
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() not in _GONE:
                     raise HypervisorError(
                         f"cannot stop session {sid} for a reset: {exc.get_error_message()}"
                     ) from exc
         self._generations[sid] = old_paths.generation + 1
-        if old is not None:
-            threading.Thread(
-                target=self._discard_old, args=(old, old_paths), name=f"reset-{sid}", daemon=True
-            ).start()
         with contextlib.suppress(FileNotFoundError):
             (old_paths.root / "restore.fifo").unlink()
-        return self._restore(spec, state, cpu_weight=LIVE_CPU_WEIGHT, fresh=False)
+        try:
+            return self._restore(spec, state, cpu_weight=LIVE_CPU_WEIGHT, fresh=False)
+        finally:
+            if old is not None:
+                # Only now: libvirt's cleanup of a domain slows a restore that runs beside it.
+                self._kill(old.name())
+                threading.Thread(
+                    target=self._discard_old, args=(old, old_paths), name=f"reset-{sid}",
+                    daemon=True,
+                ).start()  # fmt: skip
 
     def _restore(
         self,
@@ -760,6 +773,11 @@ class LibvirtHypervisor:
             if dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED:
                 dom.resume()
         except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
+                # Resumed meanwhile (the pool runs the head of its queue)?
+                with contextlib.suppress(libvirt.libvirtError):
+                    if self._lookup(session_id).info()[0] == libvirt.VIR_DOMAIN_RUNNING:
+                        return
             raise HypervisorError(
                 f"cannot resume the domain of {session_id}: {exc.get_error_message()}"
             ) from exc
