@@ -215,10 +215,12 @@ class FakeChannel:
 
     def request(self, message: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:
         body = {k: v for k, v in message.items() if k != "id"}
+        from agent_bridge.protocol.replies import split_screenshot_after
         from orchestrator.errors import ProtocolError
 
         try:
-            get_vocabulary(self.schema).parse(body)
+            # As the bridge: any request may carry screenshot_after (a still-screen wait).
+            get_vocabulary(self.schema).parse(split_screenshot_after(body)[0])
         except ProtocolError as exc:
             raise RemoteError(exc.code, exc.message) from exc
         self.log.append((self.schema, body))

@@ -1,9 +1,11 @@
 """Scripted agents for the example tasks (``deskvm task run examples/tasks --agent ...``).
 
 Both have OSWorld's agent shape (``predict(instruction, obs) -> (response, actions)``) and
-act only through the desktop: they type shell commands into the focused xterm (each task's
-setup focuses it), in the three vocabularies ``DesktopEnv.step`` takes (pyautogui code,
-OSWorld's computer_13, deskvm's own), then say ``DONE``.
+act only through the desktop, on the window each task's setup focuses: on the small image
+they type shell commands into the xterm, on the full image (``examples/tasks/full``) they
+type and press keys in LibreOffice Calc, Mousepad and Firefox; in the three vocabularies
+``DesktopEnv.step`` takes (pyautogui code, OSWorld's computer_13, deskvm's own), then say
+``DONE``.
 
 - ``SolvingAgent`` solves every example task: ``deskvm task run`` passes them all.
 - ``FailingAgent`` makes a plausible mistake in each (a typo, half the job, the wrong
@@ -24,6 +26,32 @@ SETTLE = "time.sleep(2)"
 def _typed(command: str) -> str:
     """pyautogui code typing ``command`` and Return, then settling."""
     return f"pyautogui.write({command + chr(10)!r})\n{SETTLE}"
+
+
+# deskvm's own vocabulary: wait until the screen has been still for 2 s (an application
+# done starting and drawing), as an agent looks before it types.
+LOOK = {"action": "wait", "ms": 200, "screenshot_after": {"still_ms": 2000, "timeout_ms": 20000}}
+
+
+def _calc_total(formula: str) -> str:
+    """pyautogui code: in Calc (maximized, 1280x800), click cell A5, type ``total`` and,
+    in B5, ``formula``, then save. Pauses let each input land before the next."""
+    return (
+        "pyautogui.click(80, 305)\n"
+        "time.sleep(1)\n"
+        f"pyautogui.write('total\\t{formula}\\n')\n"
+        "time.sleep(1)\n"
+        "pyautogui.hotkey('ctrl', 's')\n"
+        "time.sleep(8)"
+    )
+
+
+def _open_url(url: str) -> str:
+    """pyautogui code: the browser's address bar, the URL, Return, and time to load."""
+    return (
+        f"pyautogui.hotkey('ctrl', 'l')\ntime.sleep(1)\npyautogui.write({url + chr(10)!r})\n"
+        "time.sleep(10)"
+    )
 
 
 SOLUTIONS: dict[str, list[Any]] = {
@@ -54,6 +82,17 @@ SOLUTIONS: dict[str, list[Any]] = {
     "~/junk": [_typed("rm ~/junk/*.tmp")],
     "notes-window": [_typed("pkill -f 'xterm -T notes-window'")],
     "sales.xlsx": [_typed("mkdir ~/backup && cp ~/sales.xlsx ~/backup/")],
+    # The full image's applications.
+    "budget.xlsx": [LOOK, _calc_total("=SUM(B2:B4)")],
+    "~/note.txt": [
+        LOOK,
+        # OSWorld's computer_13: to the end of the text, the line, save.
+        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "end"]}},
+        {"action_type": "TYPING", "parameters": {"text": "checked by deskvm"}},
+        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}},
+        "time.sleep(2)",
+    ],
+    "allowed.test/colour": [LOOK, _open_url("http://allowed.test/colour/3A7BC8")],
 }
 
 MISTAKES: dict[str, list[Any]] = {
@@ -67,6 +106,16 @@ MISTAKES: dict[str, list[Any]] = {
     "~/junk": [_typed("rm ~/junk/a.tmp")],
     "notes-window": [_typed("true")],
     "sales.xlsx": [_typed("mkdir ~/backup && echo sales > ~/backup/sales.xlsx")],
+    "budget.xlsx": [LOOK, _calc_total("=SUM(B2:B3)")],  # one amount short
+    "~/note.txt": [
+        LOOK,
+        # At the start of the file instead of the end.
+        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "home"]}},
+        {"action_type": "TYPING", "parameters": {"text": "checked by deskvm\n"}},
+        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}},
+        "time.sleep(2)",
+    ],
+    "allowed.test/colour": [LOOK, _open_url("http://allowed.test/colour/3A7BC9")],  # a typo
 }
 
 

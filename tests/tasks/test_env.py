@@ -382,10 +382,21 @@ def test_example_agents_answer_every_example_task() -> None:
         import agents  # type: ignore[import-not-found]
     finally:
         sys.path.remove(str(EXAMPLES))
-    for t in collect_tasks([EXAMPLES]):
+    from agent_bridge.protocol.replies import split_screenshot_after
+    from agent_bridge.protocol.vocab import get_vocabulary
+    from agent_bridge.tasks.env import action_schema
+
+    answers: dict[str, list[object]] = {}
+    for t in collect_tasks([EXAMPLES, EXAMPLES / "full"]):
         for cls in (agents.SolvingAgent, agents.FailingAgent):
             _, actions = cls().predict(t.instruction, {})
             assert actions[-1] == "DONE" and len(actions) > 1, (t.id, cls)
+            for action in actions:  # each parses in its vocabulary, as the bridge will
+                schema, body = action_schema(action)
+                body, _ = split_screenshot_after(body)
+                assert get_vocabulary(schema).parse(body), (t.id, cls, action)
+            answers.setdefault(t.id, []).append(actions)
+    assert all(solving != failing for solving, failing in answers.values())
 
 
 def test_a_kept_session_is_reset_to_its_start_state_between_tasks(tmp_path: Path) -> None:

@@ -59,6 +59,9 @@ def test_the_examples_are_valid_osworld_shaped_tasks() -> None:
         raw = json.loads(Path(t.path or "").read_text())
         assert {"id", "instruction", "config", "evaluator"} <= set(raw)
         assert t.snapshot == "debian12-desktop"  # OSWorld's other fields are kept
+    full = collect_tasks([EXAMPLES / "full"])
+    assert [t.id for t in full] == ["calc-total", "mousepad-append", "firefox-colour"]
+    assert {t.snapshot for t in full} == {"debian12-full"}
 
 
 def test_an_unsupported_setup_step_names_itself_and_its_place() -> None:
