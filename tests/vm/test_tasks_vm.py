@@ -1,7 +1,12 @@
-"""The example tasks (examples/tasks) on a real VM of the default image, through
-``deskvm task run`` as docs/tasks.md shows it: the solving agent passes every task, the
-failing agent fails every task, both in one session (``--session``: the tasks' setup steps
-clear what they check, so one boot serves all twenty runs).
+"""The example tasks on real VMs, through ``deskvm task run`` as docs/tasks.md shows it:
+the solving agent passes every task, the failing agent fails every task, both in one
+session per image (``--session``: the tasks' setup steps clear what they check, so one boot
+serves both agents' runs).
+
+- ``examples/tasks`` (xterm) on the default image;
+- ``examples/tasks/full`` (LibreOffice Calc, Mousepad, Firefox) on ``debian12-full``, with
+  the egress test world (``tests/egress/egress_world.py``) as the internet its ``download``
+  step and Firefox reach (``allowed.test``).
 """
 
 from __future__ import annotations
@@ -9,17 +14,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from agent_bridge.cli import app
 from agent_bridge.client import Client
+from agent_bridge.runtime import BackgroundServer, build_manager
+from agent_bridge.server import create_app
+from orchestrator.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "egress"))
+from egress_world import World, leftovers
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 AGENTS = EXAMPLES / "agents.py"
+FULL_IMAGE = "debian12-full"
 
 
 def run_tasks_cli(
@@ -36,13 +52,19 @@ def run_tasks_cli(
     return result.exit_code, text, json.loads((out / "results.json").read_text())
 
 
-def check_rows(results: dict[str, Any], session_id: str, recording: str) -> list[dict[str, Any]]:
+SMALL_IDS = [
+    "hello-file", "kernel-name", "rename-report", "clipboard-text", "people-csv",
+    "config-json", "sort-numbers", "clean-junk", "close-window", "backup-workbook",
+]  # fmt: skip
+FULL_IDS = ["calc-total", "mousepad-append", "firefox-colour"]
+
+
+def check_rows(
+    results: dict[str, Any], session_id: str, recording: str, ids: list[str] = SMALL_IDS
+) -> list[dict[str, Any]]:
     """Every task has a row in the session, its recording linked, and its last screen."""
     rows: list[dict[str, Any]] = results["tasks"]
-    assert [r["id"] for r in rows] == [
-        "hello-file", "kernel-name", "rename-report", "clipboard-text", "people-csv",
-        "config-json", "sort-numbers", "clean-junk", "close-window", "backup-workbook",
-    ]  # fmt: skip
+    assert [r["id"] for r in rows] == ids
     for row in rows:
         assert row["session_id"] == session_id, row
         assert row["recording"] == recording, row
@@ -113,3 +135,70 @@ def test_example_tasks_pass_with_the_solving_agent_and_fail_with_the_failing_one
               f"solving agent {solving_s:.1f} s, failing agent {failing_s:.1f} s")  # fmt: skip
     finally:
         session.delete()
+
+
+@pytest.mark.netns
+def test_full_image_tasks_pass_with_the_solving_agent_and_fail_with_the_failing_one(
+    settings: Settings, tmp_path: Path
+) -> None:
+    world = World()
+    try:
+        world.open()
+        manager = build_manager(settings, egress=world.egress)
+        token = secrets.token_urlsafe(16)
+        app_ = create_app(manager, token=token, settings=settings)
+        with BackgroundServer(app_) as server, Client(server.url, token) as client:
+            t0 = time.monotonic()
+            session = client.create_session(
+                image=FULL_IMAGE, memory_mib=3072, egress_allow=["allowed.test"],
+                guest_control=True, boot_timeout_s=240,
+            )  # fmt: skip
+            try:
+                booted_s = time.monotonic() - t0
+                recording = str(session.info_at_start.recording)
+                tasks = EXAMPLES / "full"
+
+                t1 = time.monotonic()
+                code, text, results = run_tasks_cli(
+                    (server.url, token), session.id, "SolvingAgent", tmp_path / "s", tasks
+                )
+                solving_s = time.monotonic() - t1
+                rows = check_rows(results, session.id, recording, FULL_IDS)
+                per_task = {r["id"]: r["duration_s"] for r in rows}
+                failed = {r["id"]: (r["error"], r["evaluation"]) for r in rows if not r["passed"]}
+                assert not failed, failed
+                assert code == 0 and "3/3 passed, 0 failed, 0 errors" in text, text
+
+                t2 = time.monotonic()
+                code, text, results = run_tasks_cli(
+                    (server.url, token), session.id, "FailingAgent", tmp_path / "f", tasks
+                )
+                failing_s = time.monotonic() - t2
+                rows = check_rows(results, session.id, recording, FULL_IDS)
+                passed = {r["id"]: r["evaluation"] for r in rows if r["passed"] or r["score"]}
+                assert not passed, passed
+                errors = {r["id"]: r["error"] for r in rows if r["error"] is not None}
+                assert not errors, errors
+                assert code == 1 and "0/3 passed, 3 failed, 0 errors" in text, text
+            except BaseException:
+                # Keep what failed: results, last screens, fetched files, the screen now.
+                where = Path(os.environ.get("DESKVM_TEST_ARTIFACTS") or "artifacts")
+                where = where / "test_full_image_tasks"
+                shutil.copytree(tmp_path, where, dirs_exist_ok=True)
+                session.screenshot().save(str(where / "last_frame.png"))
+                (where / "windows.json").write_text(json.dumps(session.windows(), indent=1))
+                print(f"\nartifacts in {where}")
+                raise
+            finally:
+                session.delete()
+        # What reached the "internet": the download step's file and both agents' pages.
+        paths = [e.get("path") for e in world.internet_events() if e.get("kind") == "http"]
+        assert paths.count("/note") == 2, paths
+        assert "/colour/3A7BC8" in paths and "/colour/3A7BC9" in paths, paths
+        print(f"\ntasks on {FULL_IMAGE}: boot {booted_s:.1f} s, solving agent {solving_s:.1f} s, "
+              f"failing agent {failing_s:.1f} s; solving per task (s): {per_task}")  # fmt: skip
+    finally:
+        errors = world.close()
+        left = leftovers()
+    assert not errors, errors
+    assert not left, f"left behind: {left}"
