@@ -239,7 +239,11 @@ class World:
         forward = Path("/proc/sys/net/ipv4/ip_forward")
         if forward.read_text().strip() != self.forward_before:
             errors.append("ip_forward was not restored")
-            forward.write_text(self.forward_before + "\n")
+            # Switch it off if deskvm left it on, never on: a value read while another run's
+            # session had it on is no value to restore (written back, it left the host
+            # forwarding after both runs ended).
+            if self.forward_before == "0":
+                forward.write_text("0\n")
         return errors
 
     def __enter__(self) -> World:
