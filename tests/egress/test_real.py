@@ -29,7 +29,7 @@ pytestmark = pytest.mark.netns
 
 def deskvm_leftovers() -> list[str]:
     """Leftovers of deskvm itself (not the world's own namespaces and servers)."""
-    return [x for x in leftovers() if "dvt" not in x and "internet_server" not in x]
+    return leftovers(world=False)
 
 
 def test_bypass_table(world: World, capsys: pytest.CaptureFixture[str]) -> None:
