@@ -8,9 +8,9 @@ depends on timing inside the guest:
 
 - **rebind** (``--rebind-rounds``): two ``type`` actions of 100 distinct CJK characters
   each, new characters every round, so the in-guest helper binds spare keycodes and then
-  rebinds them to other characters (the default image has a pool of 101). A round counts
-  only if the probe's text field then holds exactly the 200 characters; a wrong one is
-  printed with where it came from.
+  rebinds them to other characters (the default image has 110). A round counts only if the
+  probe's text field then holds exactly the 200 characters; a wrong one is printed with
+  where it came from.
 - **clicks** (``--click-rounds``): a ``double_click`` and a ``triple_click``, each after
   0.6 s of quiet; the probe (a Tk window: click count from X event times, 500 ms) must
   count 1, 2 and 1, 2, 3.

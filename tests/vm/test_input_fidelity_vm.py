@@ -178,10 +178,10 @@ def test_type_non_us_text_through_the_guest_helper(probe: Probe, text: str) -> N
 
 
 def test_more_distinct_characters_than_spare_keycodes(probe: Probe) -> None:
-    """The helper binds characters with no key to spare keycodes (a pool of 101 on this
-    keyboard map) and never rebinds one within an action: 100 distinct CJK characters type
-    exactly, then 100 others in a second action (rebinding the first action's keycodes);
-    300 distinct ones in one action are refused before anything is typed."""
+    """The helper binds characters with no key to spare keycodes (110 on this keyboard map)
+    and never rebinds one within an action: 100 distinct CJK characters type exactly, then
+    100 others in a second action (rebinding the first action's keycodes); 300 distinct
+    ones in one action are refused before anything is typed."""
     probe.clear_text()
     first = "".join(chr(0x4E00 + i * 7) for i in range(100))
     second = "".join(chr(0x5E00 + i * 7) for i in range(100))
