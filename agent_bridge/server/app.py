@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import signal
 import socket
 import threading
 from collections.abc import AsyncIterator
+from types import FrameType
 
 import anyio.to_thread
 import uvicorn
@@ -246,6 +248,14 @@ class _Server(uvicorn.Server):
     session and answer 503 ``server_shutting_down``.
     """
 
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.exit_signals: list[int] = []
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.exit_signals.append(sig)
+        super().handle_exit(sig, frame)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         app = self.config.app
         bridge = getattr(getattr(app, "state", None), "bridge", None)
@@ -306,3 +316,8 @@ def run_server(
         app, host, port, log_level=log_level, graceful_timeout_s=graceful_timeout_s
     )
     server.run(sockets=None if sock is None else [sock])
+    # uvicorn raises a captured SIGINT again once it has shut down, but from inside
+    # asyncio.run, whose own SIGINT handler may then find its main task already done and
+    # return normally (seen once under load: Ctrl-C exited 0). Ctrl-C ends as Ctrl-C.
+    if isinstance(server, _Server) and signal.SIGINT in server.exit_signals:
+        raise KeyboardInterrupt
