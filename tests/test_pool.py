@@ -250,6 +250,23 @@ def _blocked_reset(hv: FakeHypervisor) -> tuple[threading.Event, threading.Event
     return entered, release
 
 
+def _reset_in_thread(
+    m: SessionManager, session_id: str
+) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``m.reset(session_id)`` in a thread; what it raised lands in the list."""
+    errors: list[BaseException] = []
+
+    def reset() -> None:
+        try:
+            m.reset(session_id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=reset)
+    thread.start()
+    return thread, errors
+
+
 def test_the_sweeper_leaves_a_session_being_reset_alone(tmp_path: Path) -> None:
     clock = FakeClock()
     hv = FakeHypervisor()
@@ -259,16 +276,7 @@ def test_the_sweeper_leaves_a_session_being_reset_alone(tmp_path: Path) -> None:
         assert m.pool.wait_full(5)
         session = create(m, idle_timeout_s=60)
         entered, release = _blocked_reset(hv)
-        errors: list[BaseException] = []
-
-        def reset() -> None:
-            try:
-                m.reset(session.id)
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=reset)
-        thread.start()
+        thread, errors = _reset_in_thread(m, session.id)
         assert entered.wait(5)
         clock.advance(61)  # past the idle deadline, and the old domain is gone
         expired, reaped = m.sweep()
@@ -296,16 +304,7 @@ def test_a_session_deleted_during_its_reset_stays_deleted(tmp_path: Path) -> Non
         assert m.pool.wait_full(5)
         session = create(m)
         entered, release = _blocked_reset(hv)
-        errors: list[BaseException] = []
-
-        def reset() -> None:
-            try:
-                m.reset(session.id)
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=reset)
-        thread.start()
+        thread, errors = _reset_in_thread(m, session.id)
         assert entered.wait(5)
         m.delete(session.id, reason="ttl expired")
         release.set()
