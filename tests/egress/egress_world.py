@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,6 +91,7 @@ class World:
         self.host_service: socket.socket | None = None
         self.forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
         self.extra_ns: list[str] = []
+        self.closed_events: list[dict[str, Any]] | None = None
 
     # ------------------------------------------------------------- building
 
@@ -200,6 +202,9 @@ class World:
         return result
 
     def internet_events(self) -> list[dict[str, Any]]:
+        """What the world's internet server logged (kept in memory once the world closed)."""
+        if self.closed_events is not None:
+            return list(self.closed_events)
         return [json.loads(line) for line in self.internet_log.read_text().splitlines()]
 
     def _wait(self, cond: Any, what: str, timeout_s: float = 10) -> None:
@@ -244,6 +249,15 @@ class World:
             # forwarding after both runs ended).
             if self.forward_before == "0":
                 forward.write_text("0\n")
+        # The server's log outlives the world (tests read it after close); the directory not.
+        if self.closed_events is None:
+            try:
+                self.closed_events = [
+                    json.loads(line) for line in self.internet_log.read_text().splitlines()
+                ]
+            except (OSError, ValueError):
+                self.closed_events = []
+        shutil.rmtree(self.tmp, ignore_errors=True)
         return errors
 
     def __enter__(self) -> World:

@@ -286,20 +286,42 @@ def _box_score(glyph: np.ndarray) -> float:
 
 
 def _typed_line(
-    s: Session, text: str, area: tuple[int, int, int, int], below_y: int
+    s: Session, text: str, area: tuple[int, int, int, int], below_y: int, timeout_s: float = 30.0
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Type ``text``; the pixels it changed in the first band of rows at or under screen
     row ``below_y`` inside ``area`` (the line just typed): (changed mask, RGB pixels of
-    that band, the band's bottom screen row)."""
+    that band, the band's bottom screen row).
+
+    The line is taken once it has one shape per word of ``text`` and two frames 0.5 s apart
+    agree, or after ``timeout_s`` as it is then (the checks that follow say what is wrong):
+    a guest busy with two browsers drew nothing within 1 s of the last key once, and the
+    first use of the CJK and emoji fonts loads them."""
     x0, y0, x1, y1 = area
-    before = np.asarray(s.screenshot().image().convert("RGB"), dtype=np.int16)[y0:y1, x0:x1]
+
+    def grab() -> np.ndarray:
+        return np.asarray(s.screenshot().image().convert("RGB"), dtype=np.int16)[y0:y1, x0:x1]
+
+    before = grab()
     s.type(text)
-    time.sleep(1.0)
-    after = np.asarray(s.screenshot().image().convert("RGB"), dtype=np.int16)[y0:y1, x0:x1]
-    changed = np.abs(after - before).max(axis=2) > 40
-    changed[: max(0, below_y - y0)] = False
-    bands = _bands(changed)
-    assert bands, f"nothing drawn after typing {text!r}"
+    t0 = time.monotonic()
+    seen: tuple[int, int, int] | None = None
+    while True:
+        time.sleep(0.5)
+        after = grab()
+        changed = np.abs(after - before).max(axis=2) > 40
+        changed[: max(0, below_y - y0)] = False
+        bands = _bands(changed)
+        waited_s = time.monotonic() - t0
+        if bands:
+            top, bottom = bands[0]
+            now = (top, bottom, len(_segments(changed[top:bottom])))
+            if now == seen and now[2] == len(text.split()):
+                break
+            seen = now
+        if waited_s > timeout_s:
+            break
+    print(f"\n{text!r} drawn and settled {waited_s:.1f} s after the type action returned")
+    assert bands, f"nothing drawn {waited_s:.1f} s after typing {text!r}"
     top, bottom = bands[0]
     return changed[top:bottom], after[top:bottom], y0 + bottom
 
