@@ -86,8 +86,11 @@ class FakeGuest:
                 raw, buf = buf.split(b"\n", 1)
                 message = json.loads(raw)
                 self.received.append(message)
-                for out in self.answer(message):
-                    self.conn.sendall(out)
+                try:
+                    for out in self.answer(message):
+                        self.conn.sendall(out)
+                except OSError:  # the host hung up mid-answer (a flood it stopped reading)
+                    return
 
     def send(self, data: bytes) -> None:
         assert self.conn is not None
