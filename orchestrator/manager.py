@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -75,8 +74,6 @@ __all__ = [
     "AdoptReport",
     "SessionManager",
 ]
-
-log = logging.getLogger("deskvm.pool")
 
 _HISTORY = 256
 
@@ -243,10 +240,7 @@ class SessionManager:
                 # The session's own link to its start state (for resets; outlives the pool's).
                 desktop.state = self.hypervisor.keep_state(desktop.spec.session_id, desktop.state)
             except DeskvmError as exc:
-                log.warning(
-                    "warm desktop %s could not be handed over (%s); the session boots cold",
-                    desktop.spec.session_id, exc.message,
-                )  # fmt: skip
+                self.pool.handover_failed(desktop, exc.message)
                 with contextlib.suppress(DeskvmError):
                     self.hypervisor.destroy(desktop.spec.session_id)
                 desktop = None

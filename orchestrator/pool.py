@@ -10,7 +10,11 @@ layer, with its own name, UUID and VM generation ID), restored at a low CPU weig
 resumes it at the claim) except the next one to be claimed, which runs, so that a
 session that matches the target's
 :class:`PoolKey` is handed a drawn desktop instead of booting one
-(:meth:`WarmPool.claim`). A background thread refills the pool after each claim.
+(:meth:`WarmPool.claim`). A background thread refills the pool after each claim. A claim
+that finds its target empty while a restore for it is under way (claims came faster than
+restores) waits for that restore, up to :data:`CLAIM_WAIT_S`, instead of booting cold; a
+claim that finds nothing to wait for is logged and counted (``empty_claims`` in
+:meth:`WarmPool.status`).
 
 Identity: pool desktops have session ids and directories like sessions (a claimed one
 *becomes* the session), so the session manager keeps them out of its reaper
@@ -46,6 +50,7 @@ from orchestrator.settings import PoolTarget, parse_warm_pool
 from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
 
 __all__ = [
+    "CLAIM_WAIT_S",
     "DEFAULT_CPU_WEIGHT",
     "POOL_CPU_WEIGHT",
     "RETRY_S",
@@ -65,6 +70,9 @@ DEFAULT_CPU_WEIGHT = LIVE_CPU_WEIGHT
 """cgroup CPU shares a claimed desktop gets back (libvirt's default)."""
 RETRY_S = 30.0
 """How long the pool waits before it builds a failed template again, seconds."""
+CLAIM_WAIT_S = 5.0
+"""How long a claim that finds its target empty waits for the restore under way, seconds
+(a restore takes 0.6-2 s on a 2-core TCG host; a cold boot 15-30 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +178,12 @@ class _Entry:
     save_s: float | None = None
     restore_s: list[float] = field(default_factory=list)
     base_stamp: tuple[int, int, int] | None = None
+    restoring: int = 0  # restores under way
+    starved: bool = False  # the memory budget refused the last refill
+    claims: int = 0  # desktops handed out
+    waited_claims: int = 0  # of which waited for a restore under way
+    empty_claims: int = 0  # claims that found nothing ready nor coming (sessions boot cold)
+    handover_failures: int = 0  # claimed desktops the manager could not take over
 
 
 def _base_stamp(image: BootImage) -> tuple[int, int, int] | None:
@@ -201,6 +215,8 @@ class WarmPool:
         ready_poll_s: how often a template's readiness is checked, seconds.
         refill_interval_s: how often the refill thread looks at the pool when nothing
             wakes it, seconds.
+        claim_wait_s: how long a claim that finds its target empty waits for a restore
+            under way (:data:`CLAIM_WAIT_S`).
     """
 
     def __init__(
@@ -216,6 +232,7 @@ class WarmPool:
         boot_timeout_s: float = 300.0,
         ready_poll_s: float = 0.5,
         refill_interval_s: float = 2.0,
+        claim_wait_s: float = CLAIM_WAIT_S,
     ) -> None:
         self._hv = hypervisor
         self._resolve = resolve_image
@@ -226,10 +243,12 @@ class WarmPool:
         self._boot_timeout_s = boot_timeout_s
         self._ready_poll_s = ready_poll_s
         self._interval_s = refill_interval_s
+        self._claim_wait_s = claim_wait_s
         for target in targets:
             _display_of(target)  # a bad display fails here, not in the refill thread
         self._entries = [_Entry(target=t) for t in targets]
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a desktop came, or a refill stopped
         self._busy: dict[str, int] = {}  # ids being booted/restored -> hard limit MiB
         self._handed: set[str] = set()  # claimed, not yet a registered session
         self._wake = threading.Event()
@@ -249,6 +268,8 @@ class WarmPool:
         """Stop refilling, destroy every pool domain, remove the templates. Idempotent."""
         self._stop.set()
         self._wake.set()
+        with self._changed:
+            self._changed.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=self._boot_timeout_s + 60)
         with self._lock:
@@ -263,19 +284,49 @@ class WarmPool:
         )
 
     def claim(self, key: PoolKey) -> WarmDesktop | None:
-        """Take a ready desktop matching ``key`` out of the pool (``None``: none ready).
+        """Take a ready desktop matching ``key`` out of the pool (``None``: boot cold).
 
-        A desktop whose domain stopped is destroyed and skipped. The refill thread is
-        woken. The desktop's id stays in :meth:`ids` (out of the reaper's reach) until
+        When none is ready but one is being restored for ``key`` (or its refill is about
+        to start one: the template is saved, nothing failed, the memory budget has room
+        and no template boot holds the refill thread), the claim waits for it, up to
+        ``claim_wait_s``. A claim that gets nothing is logged and counted
+        (``empty_claims``); before any template of ``key`` exists (the pool starting, or
+        dropped for a new image) it returns ``None`` at once, unlogged. A desktop whose
+        domain stopped is destroyed and skipped. The refill thread is woken. The
+        desktop's id stays in :meth:`ids` (out of the reaper's reach) until
         :meth:`release` says the caller has registered it.
         """
+        deadline = time.monotonic() + self._claim_wait_s
+        waited = False
         while True:
-            with self._lock:
-                found = next((e for e in self._entries if e.key == key and e.desktops), None)
-                desktop = found.desktops.pop(0) if found is not None else None
-                if desktop is not None:
+            self._wake.set()
+            desktop, why = None, ""
+            with self._changed:
+                entry = next((e for e in self._entries if e.key == key), None)
+                if entry is None:
+                    return None  # no target of this shape (or its template is not built)
+                while not (entry.key == key and entry.desktops):
+                    left_s = deadline - time.monotonic()
+                    coming = entry.key == key and self._coming(entry)
+                    if left_s <= 0 or not coming:
+                        entry.empty_claims += 1
+                        why = (
+                            f"none came within {self._claim_wait_s:g} s" if coming
+                            else self._idle_reason(entry)
+                        )  # fmt: skip
+                        break
+                    waited = True
+                    self._changed.wait(left_s)
+                else:
+                    desktop = entry.desktops.pop(0)
                     self._handed.add(desktop.spec.session_id)
+                    entry.claims += 1
+                    entry.waited_claims += waited
             if desktop is None:
+                log.warning(
+                    "warm pool %s: no desktop ready for a claim (%s); the session boots cold",
+                    entry.target.image, why,
+                )  # fmt: skip
                 return None
             self._wake.set()
             if desktop.domain.is_running():
@@ -284,6 +335,43 @@ class WarmPool:
             log.warning("warm desktop %s stopped while pooled", desktop.spec.session_id)
             with contextlib.suppress(DeskvmError):
                 self._hv.destroy(desktop.spec.session_id)
+
+    def _coming(self, entry: _Entry) -> bool:
+        """Whether a desktop for ``entry`` is being restored or about to be (under the
+        lock): a claim may wait for it."""
+        if entry.restoring:
+            return True
+        return (
+            not self._stop.is_set()
+            and entry.state is not None
+            and entry.failed_at is None
+            and not entry.starved
+            and not any(e.phase == "building" for e in self._entries)
+        )
+
+    def _idle_reason(self, entry: _Entry) -> str:
+        """Why no desktop of ``entry`` is coming (under the lock), for the log."""
+        if self._stop.is_set():
+            return "the pool is closing"
+        if entry.failed_at is not None:
+            return f"the pool failed: {entry.error}"
+        if entry.starved:
+            return "the memory budget has no room for another pool desktop"
+        if entry.key is None or entry.state is None:
+            return "its template is being built"
+        return "the refill thread is building another template"
+
+    def handover_failed(self, desktop: WarmDesktop, why: str) -> None:
+        """Count and log a claimed desktop the caller could not take over (it is destroyed
+        by the caller, and the session boots cold)."""
+        with self._lock:
+            for entry in self._entries:
+                if entry.key == desktop.key:
+                    entry.handover_failures += 1
+        log.warning(
+            "warm desktop %s could not be handed over (%s); the session boots cold",
+            desktop.spec.session_id, why,
+        )  # fmt: skip
 
     def release(self, session_id: str) -> None:
         """Forget a claimed desktop's id (it is a registered session now, or destroyed)."""
@@ -321,7 +409,11 @@ class WarmPool:
     def status(self) -> list[dict[str, Any]]:
         """One entry per target: ``image``, ``size``, ``ready``, ``phase`` (``new``,
         ``building``, ``filling``, ``full``, ``failed``), ``error``, ``image_hash``,
-        ``template_boot_s``, ``save_s``, ``restore_s`` (last restores, seconds)."""
+        ``template_boot_s``, ``save_s``, ``restore_s`` (last restores, seconds), and
+        counts since the start: ``claims`` (desktops handed out), ``waited_claims`` (of
+        which waited for a restore under way), ``empty_claims`` (claims that found none
+        ready nor coming: those sessions booted cold) and ``handover_failures`` (claimed
+        desktops that could not be taken over: those sessions booted cold too)."""
         with self._lock:
             return [
                 {
@@ -337,6 +429,10 @@ class WarmPool:
                     "template_boot_s": e.template_boot_s,
                     "save_s": e.save_s,
                     "restore_s": list(e.restore_s[-5:]),
+                    "claims": e.claims,
+                    "waited_claims": e.waited_claims,
+                    "empty_claims": e.empty_claims,
+                    "handover_failures": e.handover_failures,
                 }
                 for e in self._entries
             ]
@@ -367,8 +463,9 @@ class WarmPool:
 
     def _fail(self, entry: _Entry, message: str) -> None:
         log.warning("warm pool %s: %s; sessions boot cold", entry.target.image, message)
-        with self._lock:
+        with self._changed:
             entry.phase, entry.error, entry.failed_at = "failed", message, time.monotonic()
+            self._changed.notify_all()
 
     def _fill(self, entry: _Entry) -> None:
         target = entry.target
@@ -410,27 +507,31 @@ class WarmPool:
             memory_overhead_mib=self._overhead_mib,
         )
 
-    def _take_id(self, spec_mib: int) -> str | None:
+    def _take_id(self, entry: _Entry, spec_mib: int) -> str | None:
         """A fresh id registered as busy (before any domain exists), or ``None`` when the
-        memory budget has no room."""
-        if not self._reserve(spec_mib):
-            return None
-        session_id = self._new_id()
-        with self._lock:
+        memory budget has no room (``entry`` is then marked starved: claims do not wait)."""
+        room = self._reserve(spec_mib)
+        with self._changed:
+            entry.starved = not room
+            if not room:
+                self._changed.notify_all()
+                return None
+            session_id = self._new_id()
             self._busy[session_id] = spec_mib
         return session_id
 
     def _build_template(self, entry: _Entry, image: BootImage, key: PoolKey) -> None:
         target = entry.target
         need = hard_limit_mib(self._spec(image, target, "template0000"))
-        session_id = self._take_id(need)
+        session_id = self._take_id(entry, need)
         if session_id is None:
             return
         spec = self._spec(image, target, session_id)
         dest = self.pool_dir / key.digest
         stamp = _base_stamp(image)  # before the boot: a rebuild meanwhile is seen next round
-        with self._lock:
+        with self._changed:
             entry.phase, entry.key, entry.image = "building", key, image
+            self._changed.notify_all()  # claims stop waiting: the refill thread is busy
         t0 = time.monotonic()
         try:
             shutil.rmtree(dest, ignore_errors=True)
@@ -488,24 +589,28 @@ class WarmPool:
         """Restore one desktop into ``entry``; ``False`` when the round should stop."""
         assert entry.state is not None
         need = hard_limit_mib(self._spec(image, entry.target, "template0000"))
-        session_id = self._take_id(need)
+        session_id = self._take_id(entry, need)
         if session_id is None:
             return False
         spec = self._spec(image, entry.target, session_id)
+        with self._lock:
+            entry.restoring += 1
         t0 = time.monotonic()
         try:
             domain = self._hv.restore(spec, entry.state, cpu_weight=POOL_CPU_WEIGHT, paused=True)
         except DeskvmError as exc:
             with self._lock:
                 self._busy.pop(session_id, None)
+                entry.restoring -= 1
             # A state that cannot be restored is dropped: it is rebuilt after RETRY_S.
             self._drop(entry, None)
             self._fail(entry, f"restore failed: {exc.message}")
             return False
         restore_s = time.monotonic() - t0
         desktop = WarmDesktop(spec, domain, key, restore_s, time.monotonic_ns(), entry.state)
-        with self._lock:
+        with self._changed:
             self._busy.pop(session_id, None)
+            entry.restoring -= 1
             if self._stop.is_set():
                 stale = True
             else:
@@ -513,6 +618,7 @@ class WarmPool:
                 entry.desktops.append(desktop)
                 entry.restore_s.append(round(restore_s, 3))
                 del entry.restore_s[:-20]
+            self._changed.notify_all()
         if stale:
             with contextlib.suppress(DeskvmError):
                 self._hv.destroy(session_id)
@@ -540,12 +646,13 @@ class WarmPool:
 
     def _drop(self, entry: _Entry, why: str | None) -> None:
         """Destroy ``entry``'s desktops and remove its template."""
-        with self._lock:
+        with self._changed:
             desktops, entry.desktops = entry.desktops, []
             state, entry.state = entry.state, None
             entry.key = None
             if why is not None:
                 entry.phase = "new"
+            self._changed.notify_all()
         if why is not None and (desktops or state is not None):
             log.info("warm pool %s: dropped (%s)", entry.target.image, why)
         for desktop in desktops:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.clock import FakeClock
-from orchestrator.errors import ConfigError, SessionClosed
+from orchestrator.errors import ConfigError, HypervisorError, SessionClosed
 from orchestrator.hypervisor.fake import FakeHypervisor
 from orchestrator.instance import Instance
 from orchestrator.manager import SessionManager
@@ -388,3 +388,95 @@ def test_an_image_rebuilt_in_place_drops_the_pool(tmp_path: Path) -> None:
     finally:
         m.close_all()
         m.close_pool()
+
+
+def _blocked_restore(hv: FakeHypervisor) -> tuple[threading.Event, threading.Event]:
+    """Make the pool's next restore wait (where a real one spends 0.6-2 s) until released;
+    returns (entered, release)."""
+    entered, release = threading.Event(), threading.Event()
+    real = hv.restore
+
+    def restore(spec, state, **kw):
+        hv.restore = real  # type: ignore[method-assign]
+        entered.set()
+        assert release.wait(10)
+        return real(spec, state, **kw)
+
+    hv.restore = restore  # type: ignore[method-assign]
+    return entered, release
+
+
+def test_a_claim_on_an_empty_pool_waits_for_the_restore_under_way(tmp_path: Path) -> None:
+    # Claims one after the other, faster than restores: the pool runs empty while its
+    # refill restores the next desktop. The claim waits for it instead of booting cold.
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        entered, release = _blocked_restore(hv)
+        first = create(m)
+        assert first.start_kind == "warm"
+        assert entered.wait(5)  # the refill is restoring the next desktop
+        threading.Timer(0.3, release.set).start()
+        second = create(m)
+        assert second.start_kind == "warm", "the claim booted cold while a restore was under way"
+        assert second.start_phases_s["claim_s"] >= 0.25
+        status = m.pool.status()[0]
+        assert (status["claims"], status["waited_claims"], status["empty_claims"]) == (2, 1, 0)
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {}
+
+
+def test_a_claim_does_not_wait_when_no_desktop_is_coming(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The memory budget holds one desktop: after the claim, no refill can start.
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1, max_total_memory_mib=HARD_MIB)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        assert create(m).start_kind == "warm"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not m.pool._entries[0].starved:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        m.pool._claim_wait_s = 30.0
+        key = next(iter(m.pool._entries)).key
+        assert m.pool.claim(key) is None
+        assert time.monotonic() - t0 < 1.0
+        assert m.pool.status()[0]["empty_claims"] == 1
+        assert "no desktop ready for a claim (the memory budget has no room" in caplog.text
+    finally:
+        m.close_all()
+        m.close_pool()
+
+
+def test_a_failed_hand_over_is_counted_and_the_session_boots_cold(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1)
+    m.start_pool()
+    try:
+        assert m.pool.wait_full(5)
+        (pooled,) = m.pool.ids()
+        real = hv.set_cpu_weight
+
+        def set_cpu_weight(session_id: str, cpu_weight: int) -> None:
+            hv.set_cpu_weight = real  # type: ignore[method-assign]
+            raise HypervisorError(f"injected failure weighting {session_id}")
+
+        hv.set_cpu_weight = set_cpu_weight  # type: ignore[method-assign]
+        session = create(m)
+        assert session.start_kind == "cold" and pooled not in hv.domains
+        status = m.pool.status()[0]
+        assert (status["claims"], status["handover_failures"]) == (1, 1)
+        assert f"warm desktop {pooled} could not be handed over" in caplog.text
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {}

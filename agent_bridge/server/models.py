@@ -482,6 +482,16 @@ class WarmPoolStatus(BaseModel):
     template_boot_s: float | None = Field(description="cold boot of the template, seconds")
     save_s: float | None = Field(description="saving the template's state, seconds")
     restore_s: list[float] = Field(description="the last restores, seconds each")
+    claims: int = Field(0, description="desktops handed out since the server started")
+    waited_claims: int = Field(
+        0, description="of which found the pool empty and waited for the restore under way"
+    )
+    empty_claims: int = Field(
+        0, description="claims that found no desktop ready nor coming (they booted cold)"
+    )
+    handover_failures: int = Field(
+        0, description="claimed desktops that could not be taken over (they booted cold)"
+    )
 
 
 class HealthResponse(BaseModel):

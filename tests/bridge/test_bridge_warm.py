@@ -45,6 +45,8 @@ def test_warm_start_reset_and_cold_fallback_over_http(tmp_path: Path) -> None:
         assert set(warm["start_phases_s"]) == {"claim_s", "clock_s", "ready_s"}
         cold = create_session(client, display={"width": 1024, "height": 768})
         assert cold["start"] == "cold" and "domain_start_s" in cold["start_phases_s"]
+        (pool,) = client.get("/healthz").json()["warm_pool"]
+        assert (pool["claims"], pool["empty_claims"], pool["handover_failures"]) == (1, 0, 0)
 
         sid = warm["id"]
         with client.websocket_connect(f"/v1/sessions/{sid}/ws") as ws:
