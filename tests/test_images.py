@@ -45,6 +45,8 @@ GUEST_FILES = (
     "base/usr/local/lib/deskvm/initrd/init",
     "base/usr/local/lib/deskvm/initrd/modules",
     "base/usr/local/lib/deskvm/autostart",
+    "base/usr/local/lib/deskvm/xkbcomp",
+    "base/usr/local/lib/deskvm/xkb-cache",
     "base/usr/local/bin/deskvm-input-probe",
     "base/usr/local/bin/deskvm-helper",
     "base/etc/systemd/system/deskvm-session.service",
@@ -60,6 +62,8 @@ EXECUTABLES = (
     "base/usr/local/lib/deskvm/bootstats",
     "base/usr/local/lib/deskvm/initrd/init",
     "base/usr/local/lib/deskvm/autostart",
+    "base/usr/local/lib/deskvm/xkbcomp",
+    "base/usr/local/lib/deskvm/xkb-cache",
     "base/usr/local/bin/deskvm-input-probe",
     "base/usr/local/bin/deskvm-helper",
     "base/etc/initramfs-tools/hooks/deskvm",
@@ -262,8 +266,8 @@ def test_a_file_set_may_not_provide_a_generated_file(recipes: Path) -> None:
 
 def test_finalize_script_declares_users_services_and_commands(recipes: Path) -> None:
     _edit(
-        recipes, DEFAULT_IMAGE, "[desktop]",
-        '[customize]\ncommands = ["echo hello > /etc/motd"]\n\n[desktop]',
+        recipes, DEFAULT_IMAGE, 'commands = ["/usr/local/lib/deskvm/xkb-cache',
+        'commands = ["echo hello > /etc/motd", "/usr/local/lib/deskvm/xkb-cache',
     )  # fmt: skip
     script = finalize_script(load_recipe(DEFAULT_IMAGE, recipes_dir=recipes))
     assert "useradd --create-home --uid 1000 --user-group --shell /bin/bash" in script
@@ -271,6 +275,8 @@ def test_finalize_script_declares_users_services_and_commands(recipes: Path) -> 
     assert "systemctl enable deskvm-session.service" in script
     assert "systemctl mask " in script and "systemd-logind.service" in script
     assert "/bin/sh -eu -c 'echo hello > /etc/motd'" in script
+    # The X server's keymap cache (guest/base/usr/local/lib/deskvm/xkb-cache), after it.
+    assert script.index("echo hello") < script.index("/usr/local/lib/deskvm/xkb-cache us de fr")
 
 
 def test_mmdebstrap_command(tmp_path: Path) -> None:
