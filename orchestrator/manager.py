@@ -50,6 +50,7 @@ from orchestrator.pool import (
     PoolTarget,
     WarmDesktop,
     WarmPool,
+    WarmState,
     remove_stale_pools,
 )
 from orchestrator.recorder import FileRecorder, seal, writer_alive
@@ -131,7 +132,9 @@ class SessionManager:
         adopt_grace_s: how long sessions of a gone named server are left running for it
             to come back (:data:`ADOPT_GRACE_S`).
         warm_pool: desktops to keep restored and ready (:mod:`orchestrator.pool`); a
-            matching :meth:`create` takes one over instead of booting. Their memory counts
+            matching :meth:`create` takes one over instead of booting (a session with an
+            egress policy restores an egress target's saved desktop onto its own
+            network, see :meth:`Session.start`). Their memory counts
             in ``max_total_memory_mib``. Only with the default ``new_id`` (a cluster node's
             ids are placed by its bridge) and a ``pool_dir``.
         pool_dir: where the warm pool keeps its saved states (``<pool root>/<server
@@ -197,6 +200,7 @@ class SessionManager:
                 new_id=new_id,
                 reserve=self._pool_reserve,
                 memory_overhead_mib=memory_overhead_mib,
+                egress=egress,
             )
 
     def start_pool(self) -> None:
@@ -306,10 +310,18 @@ class SessionManager:
                     f"{len(self._live)} of {self._max_sessions} sessions are running; "
                     "delete one or raise --max-sessions"
                 )
-        plain = egress is None and autostart is None and cpu_quota_pct is None and disk_mib is None
+        plain = autostart is None and cpu_quota_pct is None and disk_mib is None
         # Pooled desktops booted with the image's keyboard layout.
         plain = plain and keyboard_layout in (None, boot_image.keyboard_layout)
-        warm, claim_s = self._claim(boot_image, display, memory_mib, vcpus, plain=plain)
+        warm, claim_s = self._claim(
+            boot_image, display, memory_mib, vcpus, plain=plain and egress is None
+        )
+        saved: WarmState | None = None
+        if plain and egress is not None and self.pool is not None:
+            t0 = self._clock.monotonic_ns()
+            key = PoolKey.of(boot_image, display, memory_mib, vcpus, network=True)
+            saved = self.pool.claim_state(key)
+            claim_s = round((self._clock.monotonic_ns() - t0) / 1e9, 3)
         try:
             session = self._register(
                 warm, boot_image, display, memory_mib, vcpus, boot_timeout_s, cpu_quota_pct,
@@ -330,6 +342,11 @@ class SessionManager:
             if warm is not None:
                 session.start_state = warm.state
                 session.start(warm=warm.domain, claim_s=claim_s)
+            elif saved is not None:
+                # Restored onto the session's own network (see Session.start).
+                session.start(
+                    claim_s=claim_s, restore_from=saved.state, restore_mac=saved.guest_mac
+                )
             else:
                 session.start()
         except BaseException:

@@ -27,6 +27,16 @@ hash, another inode or mtime), drops the template and its desktops and builds an
 Faults: a save or restore that fails is reported in :meth:`WarmPool.status` (and the
 log); the template is dropped and rebuilt after
 :data:`RETRY_S`, and sessions boot cold meanwhile.
+
+Egress targets (``IMAGE:egress``, :attr:`PoolTarget.egress`): the template boots with a
+NIC on an egress attachment of its own that allows nothing (its own bridge, /30 and
+DHCP server), takes its DHCP lease, and is saved; then its attachment is removed. No
+clone is restored ahead: a session's network exists only once its policy is known, and
+a restore needs the bridge its NIC plugs into. So :meth:`WarmPool.claim_state` hands
+the saved state itself (and the NIC's MAC baked into it) to the claiming session, which
+attaches its own network accepting that MAC and restores onto it (see
+``Session.start``). Every clone keeps the template's MAC, each behind its own bridge:
+clones never share a link.
 """
 
 from __future__ import annotations
@@ -42,22 +52,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.egress.base import Egress
 from orchestrator.errors import ConfigError, DeskvmError, HypervisorError
-from orchestrator.hypervisor.base import LIVE_CPU_WEIGHT, Domain, Hypervisor, SavedState
+from orchestrator.hypervisor.base import (
+    LIVE_CPU_WEIGHT,
+    Domain,
+    Hypervisor,
+    NicAttachment,
+    SavedState,
+)
 from orchestrator.hypervisor.domain_xml import hard_limit_mib
 from orchestrator.session import READY_MARKER, desktop_drawn
 from orchestrator.settings import PoolTarget, parse_warm_pool
-from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
+from orchestrator.spec import BootImage, DisplaySpec, EgressPolicy, SessionSpec
 
 __all__ = [
     "CLAIM_WAIT_S",
     "DEFAULT_CPU_WEIGHT",
     "POOL_CPU_WEIGHT",
     "RETRY_S",
+    "TEMPLATE_LEASE_TIMEOUT_S",
     "PoolKey",
     "PoolTarget",
     "WarmDesktop",
     "WarmPool",
+    "WarmState",
     "parse_warm_pool",
     "remove_stale_pools",
 ]
@@ -73,6 +92,8 @@ RETRY_S = 30.0
 CLAIM_WAIT_S = 5.0
 """How long a claim that finds its target empty waits for the restore under way, seconds
 (a restore takes 0.6-2 s on a 2-core TCG host; a cold boot 15-30 s)."""
+TEMPLATE_LEASE_TIMEOUT_S = 60.0
+"""How long an egress target's template may take for its DHCP lease, seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +104,8 @@ class PoolKey:
         image_hash: the image's content hash (a rebuilt image never matches old desktops).
         width_px, height_px: display size.
         memory_mib, vcpus: guest RAM and CPUs.
-        network: whether the guest has a NIC (pool desktops never do, for now).
+        network: whether the guest has a NIC (an egress target's, for sessions with an
+            egress policy).
     """
 
     image_hash: str
@@ -129,6 +151,22 @@ class WarmDesktop:
     state: SavedState
     running: bool = False
     """Whether it was resumed while pooled (the next one to be claimed runs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmState:
+    """An egress target's saved desktop, handed to a session that restores it itself.
+
+    Attributes:
+        key: what it matches.
+        state: the saved state (the pool's; it may be dropped once the restore is done).
+        guest_mac: the MAC of the saved NIC (a restore keeps it): the session's network
+            must accept it.
+    """
+
+    key: PoolKey
+    state: SavedState
+    guest_mac: str
 
 
 def remove_stale_pools(root: Path, *, alive: Callable[[str], bool], keep: str | None) -> list[str]:
@@ -184,6 +222,14 @@ class _Entry:
     waited_claims: int = 0  # of which waited for a restore under way
     empty_claims: int = 0  # claims that found nothing ready nor coming (sessions boot cold)
     handover_failures: int = 0  # claimed desktops the manager could not take over
+    guest_mac: str | None = None
+
+    @property
+    def ready(self) -> int:
+        """Desktops ready to claim (an egress target's saved state counts as one)."""
+        if self.target.egress:
+            return int(self.state is not None and self.guest_mac is not None)
+        return len(self.desktops)
 
 
 def _base_stamp(image: BootImage) -> tuple[int, int, int] | None:
@@ -217,6 +263,11 @@ class WarmPool:
             wakes it, seconds.
         claim_wait_s: how long a claim that finds its target empty waits for a restore
             under way (:data:`CLAIM_WAIT_S`).
+        egress: the egress seam, for targets with ``egress`` (their templates boot on
+            a deny-all attachment of their own).
+
+    Raises:
+        ConfigError: a target has ``egress`` but no ``egress`` seam was given.
     """
 
     def __init__(
@@ -233,8 +284,15 @@ class WarmPool:
         ready_poll_s: float = 0.5,
         refill_interval_s: float = 2.0,
         claim_wait_s: float = CLAIM_WAIT_S,
+        egress: Egress | None = None,
     ) -> None:
+        if egress is None and any(t.egress for t in targets):
+            raise ConfigError(
+                "an egress warm pool target needs egress configured on this server "
+                "(--egress-upstream-iface, --egress-upstream-dns)"
+            )
         self._hv = hypervisor
+        self._egress = egress
         self._resolve = resolve_image
         self.pool_dir = pool_dir
         self._new_id = new_id
@@ -280,8 +338,21 @@ class WarmPool:
 
     def key_of(self, target: PoolTarget, image: BootImage) -> PoolKey:
         return PoolKey.of(
-            image, _display_of(target), target.memory_mib, target.vcpus, network=False
+            image, _display_of(target), target.memory_mib, target.vcpus, network=target.egress
         )
+
+    def claim_state(self, key: PoolKey) -> WarmState | None:
+        """The saved desktop of the egress target matching ``key`` (``None``: none saved).
+
+        The state stays the pool's (every claim restores the same one); the caller
+        restores it onto its own network at once (a rebuilt image drops it).
+        """
+        with self._lock:
+            for e in self._entries:
+                if e.key == key and e.target.egress and e.state is not None and e.guest_mac:
+                    e.claims += 1
+                    return WarmState(key, e.state, e.guest_mac)
+        return None
 
     def claim(self, key: PoolKey) -> WarmDesktop | None:
         """Take a ready desktop matching ``key`` out of the pool (``None``: boot cold).
@@ -418,11 +489,12 @@ class WarmPool:
             return [
                 {
                     "image": e.target.image,
+                    "egress": e.target.egress,
                     "size": e.target.size,
                     "display": [e.target.width_px, e.target.height_px],
                     "memory_mib": e.target.memory_mib,
                     "vcpus": e.target.vcpus,
-                    "ready": len(e.desktops),
+                    "ready": e.ready,
                     "phase": e.phase,
                     "error": e.error,
                     "image_hash": e.key.image_hash if e.key else None,
@@ -442,7 +514,7 @@ class WarmPool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                if all(len(e.desktops) >= e.target.size for e in self._entries):
+                if all(e.ready >= e.target.size for e in self._entries):
                     return True
             time.sleep(0.2)
         return False
@@ -486,6 +558,10 @@ class WarmPool:
             self._build_template(entry, image, key)
             if entry.state is None:
                 return
+        if target.egress:  # restored at each claim, onto the session's own network
+            with self._lock:
+                entry.phase = "full"
+            return
         self._run_head(entry)
         while not self._stop.is_set():
             with self._lock:
@@ -533,11 +609,19 @@ class WarmPool:
             entry.phase, entry.key, entry.image = "building", key, image
             self._changed.notify_all()  # claims stop waiting: the refill thread is busy
         t0 = time.monotonic()
+        nic: NicAttachment | None = None
         try:
             shutil.rmtree(dest, ignore_errors=True)
-            domain = self._hv.start(spec)
+            if target.egress:
+                assert self._egress is not None
+                # Its own network, allowing nothing: the template's guest only gets a lease.
+                attachment = self._egress.attach(session_id, EgressPolicy())
+                nic = NicAttachment(attachment.bridge, attachment.guest_mac, attachment.guest_port)
+            domain = self._hv.start(spec, nic=nic)
             self._hv.set_cpu_weight(session_id, POOL_CPU_WEIGHT)
             self._wait_drawn(spec, domain)
+            if nic is not None:
+                self._wait_leased(session_id)
             boot_s = time.monotonic() - t0
             t1 = time.monotonic()
             state = self._hv.save(session_id, dest)
@@ -549,6 +633,9 @@ class WarmPool:
             self._fail(entry, f"template boot or save failed: {exc.message}")
             return
         finally:
+            if target.egress and self._egress is not None:
+                with contextlib.suppress(DeskvmError):
+                    self._egress.detach(session_id)
             with self._lock:
                 self._busy.pop(session_id, None)
         log.info(
@@ -559,6 +646,7 @@ class WarmPool:
             entry.state, entry.template_boot_s, entry.save_s = state, boot_s, save_s
             entry.error, entry.failed_at = None, None
             entry.base_stamp = stamp
+            entry.guest_mac = nic.mac if nic is not None else None
 
     def _wait_drawn(self, spec: SessionSpec, domain: Domain) -> None:
         deadline = time.monotonic() + spec.boot_timeout_s
@@ -582,6 +670,19 @@ class WarmPool:
             if time.monotonic() > deadline:
                 raise HypervisorError(
                     f"the template desktop was not drawn within {spec.boot_timeout_s:.0f} s"
+                )
+            time.sleep(self._ready_poll_s)
+
+    def _wait_leased(self, session_id: str) -> None:
+        """Until the template's guest holds its DHCP lease (saved with a settled network)."""
+        assert self._egress is not None
+        deadline = time.monotonic() + TEMPLATE_LEASE_TIMEOUT_S
+        while self._egress.leased_ip(session_id) is None:
+            if self._stop.is_set():
+                raise HypervisorError("the pool is closing")
+            if time.monotonic() > deadline:
+                raise HypervisorError(
+                    f"the template took no DHCP lease within {TEMPLATE_LEASE_TIMEOUT_S:.0f} s"
                 )
             time.sleep(self._ready_poll_s)
 
@@ -649,7 +750,7 @@ class WarmPool:
         with self._changed:
             desktops, entry.desktops = entry.desktops, []
             state, entry.state = entry.state, None
-            entry.key = None
+            entry.key, entry.guest_mac = None, None
             if why is not None:
                 entry.phase = "new"
             self._changed.notify_all()

@@ -67,7 +67,13 @@ from orchestrator.errors import (
     SessionClosed,
 )
 from orchestrator.guest_control import run_guest_action
-from orchestrator.hypervisor.base import Domain, Hypervisor, NicAttachment, SavedState
+from orchestrator.hypervisor.base import (
+    LIVE_CPU_WEIGHT,
+    Domain,
+    Hypervisor,
+    NicAttachment,
+    SavedState,
+)
 from orchestrator.imaging import encode_png as _encode_png
 from orchestrator.input_plan import HelperStep, Pacing, PlanStep, plan_action, release_all
 from orchestrator.instance import boot_id
@@ -117,6 +123,13 @@ DECISION_LOG_LAG_S = 2.0
 
 CLOCK_SET_TIMEOUT_S = 1.0
 """How long a warm start waits for the guest to confirm its new wall clock, seconds."""
+WARM_LINK_DOWN_S = 1.2
+"""How long a warm start with egress keeps the restored guest's link down, seconds:
+Linux reports a carrier loss to user space up to 1 s late (its linkwatch batches
+non-urgent link events), and a loss that is over before it is reported is never seen,
+so the guest would keep its saved lease."""
+WARM_LEASE_TIMEOUT_S = 15.0
+"""How long a warm start with egress waits for the guest's new DHCP lease, seconds."""
 RESET_READY_TIMEOUT_S = 30.0
 """How long a reset's restored desktop may take to show a drawn frame, seconds."""
 WARM_READY_POLL_S = 0.05
@@ -413,7 +426,14 @@ class Session:
     def __exit__(self, *exc_info: object) -> None:
         self.close(reason="context exit")
 
-    def start(self, *, warm: Domain | None = None, claim_s: float | None = None) -> None:
+    def start(
+        self,
+        *,
+        warm: Domain | None = None,
+        claim_s: float | None = None,
+        restore_from: SavedState | None = None,
+        restore_mac: str | None = None,
+    ) -> None:
         """Start the domain and block until the desktop is drawn.
 
         Ready means: the guest wrote ``DESKVM_READY`` and a frame shows the desktop
@@ -427,9 +447,23 @@ class Session:
         its ``DESKVM_READY`` before the state was saved). :attr:`start_kind` says which
         start it was and :attr:`start_phases_s` how long each phase took.
 
+        A warm start with egress (``restore_from``: an egress pool target's saved state,
+        whose NIC has the MAC ``restore_mac``) attaches the session's network first, with
+        its policy and accepting ``restore_mac``, restores the state onto it (paused),
+        takes the guest's link down, resumes it, sets its clock, brings the link back up
+        after :data:`WARM_LINK_DOWN_S` and waits until the session's DHCP server has
+        leased the session's address (:data:`WARM_LEASE_TIMEOUT_S`): the guest dropped
+        the template's lease at the carrier loss and asked anew. The policy holds from
+        the first packet whatever the guest does: the rules pass only the session's
+        address and ``restore_mac``. If any of that fails, the domain is destroyed, a
+        ``warm_failed`` lifecycle event recorded, and the session boots cold on the
+        same network (:attr:`start_kind` ``"cold"``).
+
         Args:
             warm: the restored domain to take over (``None``: boot cold).
-            claim_s: how long taking ``warm`` out of the pool took, seconds.
+            claim_s: how long taking ``warm`` (or ``restore_from``) from the pool took, s.
+            restore_from: a saved state with a NIC to restore onto the session's network.
+            restore_mac: the MAC of ``restore_from``'s NIC.
 
         Raises:
             BootTimeout: not ready before ``spec.boot_timeout_s`` (carries the console tail).
@@ -441,7 +475,9 @@ class Session:
                 raise SessionClosed(f"session {self.id} was already started")
             self._state = "starting"
         t0 = self._clock.monotonic_ns()
-        self.start_kind = "cold" if warm is None else "warm"
+        if restore_from is not None and (self._egress is None or restore_mac is None):
+            restore_from = None  # only sessions with egress restore here (the pool's check)
+        self.start_kind = "cold" if warm is None and restore_from is None else "warm"
         self._recorder.append(
             "lifecycle",
             {
@@ -465,12 +501,21 @@ class Session:
                 phases["claim_s"] = claim_s
             mark = self._clock.monotonic_ns()
             if self._egress is not None and self.spec.egress is not None:
-                self._attach_egress()
+                self._attach_egress(guest_mac=restore_mac if restore_from is not None else None)
                 phases["egress_s"], mark = self._since(mark)
+            if restore_from is not None:
+                try:
+                    self._restore_networked(restore_from, phases)
+                    warm = self._domain
+                except SessionClosed:
+                    raise
+                except DeskvmError as exc:
+                    self._warm_failed(exc)
+                mark = self._clock.monotonic_ns()
             if warm is None:
                 self._domain = self._hypervisor.start(self.spec, nic=self._nic)
                 phases["domain_start_s"], mark = self._since(mark)
-            else:
+            elif restore_from is None:
                 self._domain = warm
                 # A restored guest's wall clock is that of its save: set it to the host's.
                 self.clock_offset_s = warm.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
@@ -515,6 +560,45 @@ class Session:
         )
         self._persist_quietly()
 
+    def _restore_networked(self, state: SavedState, phases: dict[str, float]) -> None:
+        """The warm start with egress of :meth:`start` up to the new lease (sets
+        :attr:`_domain`); phases ``restore_s``, ``clock_s``, ``link_s``, ``lease_s``."""
+        assert self._egress is not None and self._nic is not None
+        mark = self._clock.monotonic_ns()
+        domain = self._hypervisor.restore(
+            self.spec, state, cpu_weight=LIVE_CPU_WEIGHT, paused=True, nic=self._nic
+        )
+        self._domain = domain
+        phases["restore_s"], mark = self._since(mark)
+        domain.set_link(False)  # while paused: the guest sees the loss as it wakes
+        self._hypervisor.resume(self.id)
+        down_ns = self._clock.monotonic_ns()
+        self.clock_offset_s = domain.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
+        phases["clock_s"], mark = self._since(mark)
+        self._clock.sleep(WARM_LINK_DOWN_S - (self._clock.monotonic_ns() - down_ns) / 1e9)
+        domain.set_link(True)
+        phases["link_s"], mark = self._since(mark)
+        deadline_ns = mark + int(WARM_LEASE_TIMEOUT_S * 1e9)
+        while (leased := self._egress.leased_ip(self.id)) is None:
+            if self._closing.is_set():
+                raise SessionClosed(f"session {self.id} was closed while starting")
+            if self._clock.monotonic_ns() >= deadline_ns:
+                raise HypervisorError(
+                    f"the restored guest took no DHCP lease within {WARM_LEASE_TIMEOUT_S:g} s"
+                )
+            self._clock.sleep(WARM_READY_POLL_S)
+        phases["lease_s"], mark = self._since(mark)
+        self._recorder.append("network", {"event": "leased", "guest_ip": leased})
+
+    def _warm_failed(self, exc: DeskvmError) -> None:
+        """A warm start with egress failed: destroy its domain, record why, go cold."""
+        self._domain = None
+        self.clock_offset_s = None
+        with contextlib.suppress(DeskvmError):
+            self._hypervisor.destroy(self.id)
+        self.start_kind = "cold"
+        self._recorder.append("lifecycle", {"event": "warm_failed", "error": exc.message})
+
     def _since(self, mark_ns: int) -> tuple[float, int]:
         now = self._clock.monotonic_ns()
         return round((now - mark_ns) / 1e9, 3), now
@@ -530,11 +614,14 @@ class Session:
             )
             self._frames.start()
 
-    def _attach_egress(self) -> None:
+    def _attach_egress(self, *, guest_mac: str | None = None) -> None:
         assert self._egress is not None and self.spec.egress is not None
         self._egress_attached = True  # detach runs at teardown even if attach fails midway
         t0 = self._clock.monotonic_ns()
-        attachment = self._egress.attach(self.id, self.spec.egress)
+        if guest_mac is None:
+            attachment = self._egress.attach(self.id, self.spec.egress)
+        else:
+            attachment = self._egress.attach(self.id, self.spec.egress, guest_mac=guest_mac)
         self.egress_attachment = attachment
         self._nic = NicAttachment(
             bridge=attachment.bridge, mac=attachment.guest_mac, tap=attachment.guest_port
@@ -1572,6 +1659,12 @@ class Session:
             HypervisorError: the restore failed (the session's domain is gone).
             BootTimeout: the restored desktop was not drawn in time.
         """
+        if self.start_state is None and self.spec.egress is not None and self.start_kind == "warm":
+            raise ConfigError(
+                f"session {self.id} has egress: its warm start restored a desktop onto its "
+                "own network, and resets of such sessions are not supported yet",
+                code="reset_unavailable",
+            )
         if self.start_state is None:
             raise ConfigError(
                 f"session {self.id} started cold and has no saved start state; only sessions "

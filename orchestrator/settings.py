@@ -61,9 +61,13 @@ class PoolTarget:
             when the pool is built).
         memory_mib: guest RAM, MiB (256..1048576).
         vcpus: guest CPUs (1..64).
+        egress: for sessions with an egress policy: the pool keeps one *saved* desktop
+            with a NIC (no restored ones: each claim restores it onto the session's own
+            network, see ``orchestrator.pool``), so ``size`` must be 1.
 
     The defaults are those of ``POST /v1/sessions``: a session matches a pooled desktop
-    when it asks for the same image, display, memory and vCPUs and no network.
+    when it asks for the same image, display, memory and vCPUs, and has an egress policy
+    exactly when the target has ``egress``.
 
     Raises:
         ConfigError: a value is out of range (the message names the field).
@@ -75,10 +79,16 @@ class PoolTarget:
     height_px: int = 800
     memory_mib: int = 2048
     vcpus: int = 2
+    egress: bool = False
 
     def __post_init__(self) -> None:
         if not self.image:
             raise ConfigError("warm pool image: must not be empty")
+        if self.egress and self.size != 1:
+            raise ConfigError(
+                f"warm pool size {self.size} of an egress target: must be 1 (it keeps one "
+                "saved desktop, restored at each claim)"
+            )
         if not 1 <= self.size <= MAX_POOL_SIZE:
             raise ConfigError(f"warm pool size {self.size} is outside 1..{MAX_POOL_SIZE}")
         if not 256 <= self.memory_mib <= 1 << 20:
@@ -89,27 +99,36 @@ class PoolTarget:
             raise ConfigError("warm pool width_px and height_px must be positive")
 
     @property
-    def shape(self) -> tuple[str, int, int, int, int]:
-        """What tells two targets apart: image, display, memory, vCPUs."""
-        return (self.image, self.width_px, self.height_px, self.memory_mib, self.vcpus)
+    def shape(self) -> tuple[str, int, int, int, int, bool]:
+        """What tells two targets apart: image, display, memory, vCPUs, egress or not."""
+        return (
+            self.image, self.width_px, self.height_px, self.memory_mib, self.vcpus, self.egress
+        )  # fmt: skip
 
 
 def parse_warm_pool(text: str) -> tuple[PoolTarget, ...]:
-    """Parse ``IMAGE:N[,IMAGE:N...]`` (``deskvm serve --warm-pool``, ``DESKVM_WARM_POOL``).
+    """Parse ``IMAGE:N|IMAGE:egress[,...]`` (``deskvm serve --warm-pool``,
+    ``DESKVM_WARM_POOL``): ``IMAGE:N`` keeps ``N`` desktops without network ready,
+    ``IMAGE:egress`` keeps one saved desktop for sessions with an egress policy.
 
     Raises:
-        ConfigError: an entry is not ``IMAGE:N`` with ``N`` in 1..64, or an image repeats.
+        ConfigError: an entry is neither ``IMAGE:N`` with ``N`` in 1..64 nor
+            ``IMAGE:egress``, or an image repeats with the same kind.
     """
     targets: list[PoolTarget] = []
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
         image, sep, count = entry.rpartition(":")
-        if not sep or not image or not count.isdigit():
-            raise ConfigError(f"warm pool entry {entry!r} is not IMAGE:N (e.g. debian12-desktop:2)")
-        if any(t.image == image for t in targets):
+        egress = count == "egress"
+        if not sep or not image or not (count.isdigit() or egress):
+            raise ConfigError(
+                f"warm pool entry {entry!r} is not IMAGE:N or IMAGE:egress "
+                "(e.g. debian12-desktop:2)"
+            )
+        if any(t.image == image and t.egress == egress for t in targets):
             raise ConfigError(f"warm pool names image {image!r} twice")
-        targets.append(PoolTarget(image=image, size=int(count)))
+        targets.append(PoolTarget(image=image, size=1 if egress else int(count), egress=egress))
     return tuple(targets)
 
 
@@ -370,7 +389,7 @@ _NOT_IN_FILE = {
     "height_px, memory_mib, vcpus)",
 }
 _POOL_KEYS = {"image": str, "size": int, "width_px": int, "height_px": int,
-              "memory_mib": int, "vcpus": int}  # fmt: skip
+              "memory_mib": int, "vcpus": int, "egress": bool}  # fmt: skip
 
 
 def _describe(value: Any) -> str:
@@ -395,6 +414,10 @@ def _convert(where: str, hint: Any, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: must be a list of strings, not {_describe(value)}")
         return tuple(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: must be a boolean (true or false), not {_describe(value)}")
     name = {float: "a number", int: "an integer", str: "a string", Path: "a path (string)"}[hint]
     if isinstance(value, bool):
         raise ConfigError(f"{where}: must be {name}, not a boolean")
@@ -417,7 +440,7 @@ def read_serve_config(
     fields by name, ``images_dir`` for the images directory; ``0`` for ``session_ttl_s``
     and ``idle_timeout_s`` means no limit; no ``token``) and any number of
     ``[[warm_pool]]`` tables (``image``, ``size``; optional ``width_px``, ``height_px``,
-    ``memory_mib``, ``vcpus``). See docs/protocol.md for an example.
+    ``memory_mib``, ``vcpus``, ``egress``). See docs/protocol.md for an example.
 
     Raises:
         ConfigError: the named file is missing or unreadable, is not TOML, or has an

@@ -303,6 +303,12 @@ class EgressInfo(BaseModel):
     bridge: str | None = Field(description="host bridge (dvm<id>) once attached")
     guest_ip: str | None = Field(description="IPv4 the guest gets by DHCP")
     gateway_ip: str | None = Field(description="bridge address: the guest's router and DNS")
+    guest_mac: str | None = Field(
+        None,
+        description="the one source MAC the bridge lets in: the session's own (cold start)"
+        " or the one baked into the warm pool's saved desktop (warm start; every clone has"
+        " it, each behind its own bridge)",
+    )
 
     @classmethod
     def of(cls, session: Session) -> EgressInfo | None:
@@ -316,6 +322,7 @@ class EgressInfo(BaseModel):
             bridge=attachment.bridge if attachment else None,
             guest_ip=attachment.guest_ip if attachment else None,
             gateway_ip=attachment.gateway_ip if attachment else None,
+            guest_mac=attachment.guest_mac if attachment else None,
         )
 
 
@@ -373,7 +380,9 @@ class SessionInfo(BaseModel):
         default_factory=dict,
         description="seconds per start phase: claim_s (warm), egress_s (with a policy), "
         "domain_start_s (cold), clock_s (warm: the guest's wall clock set), ready_s (until "
-        "a drawn frame)",
+        "a drawn frame); a warm start with egress also restore_s (the saved desktop restored"
+        " onto the session's network), link_s (its NIC's link down and up again) and "
+        "lease_s (until the guest leased the session's address)",
     )
     recording: str | None = Field(description="recording bundle directory (kept after end)")
     cursor: CursorModel
@@ -468,14 +477,19 @@ class ExtendRequest(_Strict):
 
 
 class WarmPoolStatus(BaseModel):
-    """One warm pool target (``deskvm serve --warm-pool IMAGE:N``)."""
+    """One warm pool target (``deskvm serve --warm-pool IMAGE:N`` or ``IMAGE:egress``)."""
 
     image: str
-    size: int = Field(description="desktops kept ready")
+    egress: bool = Field(
+        default=False,
+        description="for sessions with an egress policy: one saved desktop with a NIC,"
+        " restored onto each claiming session's own network",
+    )
+    size: int = Field(description="desktops kept ready (an egress target: 1 saved desktop)")
     display: list[int] = Field(description="[width, height], pixels")
     memory_mib: int
     vcpus: int
-    ready: int = Field(description="desktops ready to claim now")
+    ready: int = Field(description="desktops ready to claim now (egress: 1 once saved)")
     phase: Literal["new", "building", "filling", "full", "failed"]
     error: str | None = Field(description="why the last build or restore failed")
     image_hash: str | None

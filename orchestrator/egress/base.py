@@ -28,6 +28,7 @@ __all__ = [
     "EgressSettings",
     "NetworkDecision",
     "bridge_name",
+    "check_guest_mac",
     "guest_port_name",
     "is_link_chatter",
     "merge_retries",
@@ -44,6 +45,7 @@ BRIDGE_PREFIX = "dvm"
 ``dvm-<id>`` would be 16 bytes and is refused by the kernel."""
 
 _IFACE_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
+_MAC_RE = re.compile(r"^[0-9a-f]{2}(?::[0-9a-f]{2}){5}$")
 
 DecisionKind = Literal["dns_answered", "dns_refused", "conn_allowed", "conn_dropped"]
 
@@ -56,6 +58,17 @@ def bridge_name(session_id: str) -> str:
 def guest_port_name(session_id: str) -> str:
     """The guest's tap / bridge port name, ``dvg<session_id>`` (15 bytes)."""
     return f"{GUEST_PORT_PREFIX}{session_id}"
+
+
+def check_guest_mac(mac: str) -> str:
+    """``mac`` if it is a lower-case, colon-separated unicast MAC (a guest NIC's).
+
+    Raises:
+        ConfigError: anything else (a group address would let one guest speak for many).
+    """
+    if not _MAC_RE.match(mac) or int(mac[:2], 16) & 1:
+        raise ConfigError(f"invalid guest MAC {mac!r} (want a unicast aa:bb:cc:dd:ee:ff)")
+    return mac
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,7 +359,9 @@ def summarise_link_chatter(decisions: list[NetworkDecision]) -> list[NetworkDeci
 class Egress(Protocol):
     """Per-session filtered network: one bridge, one resolver, nft rules, a decision log."""
 
-    def attach(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+    def attach(
+        self, session_id: str, policy: EgressPolicy, *, guest_mac: str | None = None
+    ) -> EgressAttachment:
         """Create the session's bridge, rules, DHCP/DNS service and decision log.
 
         Cleans up what it created if any step fails.
@@ -354,12 +369,17 @@ class Egress(Protocol):
         Args:
             session_id: from :func:`orchestrator.spec.new_session_id`.
             policy: the validated allowlist.
+            guest_mac: the one MAC the bridge accepts and DHCP answers (``None``: the
+                session's own, :func:`~orchestrator.egress.plan.guest_mac`). A warm start
+                passes the MAC baked into the saved state it restores (a restore keeps
+                the saved NIC's MAC); the bridge is the session's own, so two clones with
+                one MAC never share a link.
 
         Returns:
             Where and how to plug the guest NIC.
 
         Raises:
-            ConfigError: invalid session id.
+            ConfigError: invalid session id or ``guest_mac``.
             EgressError: the host refused a step (nothing of the session is left).
         """
         ...
@@ -375,6 +395,16 @@ class Egress(Protocol):
         Raises:
             EgressError: the session is not attached here (or by another installation),
                 or its resolver/logger cannot be started.
+        """
+        ...
+
+    def leased_ip(self, session_id: str) -> str | None:
+        """The address the session's DHCP server has leased to its guest MAC now, or
+        ``None`` (no lease yet). The guest's word that it took it is not asked for: the
+        rules only pass the leased address anyway.
+
+        Raises:
+            EgressError: the session is not attached.
         """
         ...
 

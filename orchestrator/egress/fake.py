@@ -17,6 +17,7 @@ from orchestrator.egress.base import (
     EgressAttachment,
     NetworkDecision,
     bridge_name,
+    check_guest_mac,
     guest_port_name,
 )
 from orchestrator.egress.plan import (
@@ -26,9 +27,9 @@ from orchestrator.egress.plan import (
     PRIVATE_V6,
     dns_allowed,
     evaluate_connection,
-    guest_mac,
     slot_addresses,
 )
+from orchestrator.egress.plan import guest_mac as plan_guest_mac
 from orchestrator.errors import EgressError
 from orchestrator.spec import EgressPolicy, validate_session_id
 
@@ -44,6 +45,8 @@ class FakeEgress:
         clock_ns: monotonic clock (inject a fake clock for deterministic timestamps).
         fail_on: step names (``"attach"``, ``"adopt"``, ``"detach"``) that raise
             ``EgressError``, to test error paths.
+        auto_lease: whether every attached guest holds its DHCP lease at once
+            (:meth:`leased_ip`); ``False``: only after :meth:`lease`.
     """
 
     def __init__(
@@ -52,7 +55,9 @@ class FakeEgress:
         *,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         fail_on: frozenset[str] = frozenset(),
+        auto_lease: bool = True,
     ) -> None:
+        self.auto_lease = auto_lease
         self.zone = dict(zone or {})
         self.clock_ns = clock_ns
         self.fail_on = fail_on
@@ -61,10 +66,16 @@ class FakeEgress:
         self._resolved: dict[str, dict[str, tuple[int | None, ...]]] = {}
         self._decisions: dict[str, list[NetworkDecision]] = {}
         self.detached: list[str] = []
+        self.leases: dict[str, str] = {}
+        """Leased guest addresses by session id; :meth:`lease` puts one (a guest's DHCP)."""
 
-    def attach(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+    def attach(
+        self, session_id: str, policy: EgressPolicy, *, guest_mac: str | None = None
+    ) -> EgressAttachment:
         """See :meth:`orchestrator.egress.base.Egress.attach`."""
         validate_session_id(session_id)
+        if guest_mac is not None:
+            check_guest_mac(guest_mac)
         if "attach" in self.fail_on:
             raise EgressError(f"attach {session_id}: injected failure")
         with self._lock:
@@ -78,7 +89,7 @@ class FakeEgress:
                 session_id=session_id,
                 bridge=bridge_name(session_id),
                 guest_port=guest_port_name(session_id),
-                guest_mac=guest_mac(session_id),
+                guest_mac=guest_mac or plan_guest_mac(session_id),
                 guest_ip=str(guest),
                 gateway_ip=str(gateway),
                 prefix_len=subnet.prefixlen,
@@ -102,10 +113,27 @@ class FakeEgress:
             self._sessions[session_id] = (attachment, policy)
             return attachment
 
+    def lease(self, session_id: str) -> str:
+        """The guest takes its DHCP lease (its attachment's ``guest_ip``); returns it."""
+        with self._lock:
+            attachment, _ = self._session(session_id)
+            self.leases[session_id] = attachment.guest_ip
+            return attachment.guest_ip
+
+    def leased_ip(self, session_id: str) -> str | None:
+        """See :meth:`orchestrator.egress.base.Egress.leased_ip` (what :meth:`lease` gave,
+        or with ``auto_lease`` the attachment's address)."""
+        with self._lock:
+            attachment, _ = self._session(session_id)
+            if self.auto_lease:
+                return attachment.guest_ip
+            return self.leases.get(session_id)
+
     def detach(self, session_id: str) -> None:
         """See :meth:`orchestrator.egress.base.Egress.detach`."""
         validate_session_id(session_id)
         with self._lock:
+            self.leases.pop(session_id, None)
             self._sessions.pop(session_id, None)
             self._resolved.pop(session_id, None)
             self._decisions.pop(session_id, None)

@@ -46,6 +46,7 @@ from orchestrator.egress.base import (
     EgressSettings,
     NetworkDecision,
     bridge_name,
+    check_guest_mac,
     guest_port_name,
 )
 from orchestrator.egress.host import HostRegistry
@@ -161,7 +162,9 @@ class NftEgress:
                     found.append(str(local))
         return tuple(sorted(set(found)))
 
-    def _plan(self, session_id: str, policy: EgressPolicy, slot: int) -> SessionPlan:
+    def _plan(
+        self, session_id: str, policy: EgressPolicy, slot: int, mac: str | None = None
+    ) -> SessionPlan:
         subnet, gateway, guest = slot_addresses(self.settings.pool, slot)
         return SessionPlan(
             session_id=session_id,
@@ -171,7 +174,7 @@ class NftEgress:
             subnet=subnet,
             gateway_ip=gateway,
             guest_ip=guest,
-            guest_mac=guest_mac(session_id),
+            guest_mac=mac or guest_mac(session_id),
             upstream_iface=self.settings.upstream_iface,
             upstream_dns=self.settings.upstream_dns,
             masquerade=self.settings.masquerade,
@@ -241,16 +244,20 @@ class NftEgress:
 
     # -------------------------------------------------------------------- seam
 
-    def attach(self, session_id: str, policy: EgressPolicy) -> EgressAttachment:
+    def attach(
+        self, session_id: str, policy: EgressPolicy, *, guest_mac: str | None = None
+    ) -> EgressAttachment:
         """See :meth:`orchestrator.egress.base.Egress.attach`."""
         validate_session_id(session_id)
+        if guest_mac is not None:
+            check_guest_mac(guest_mac)
         with self._locked():
             if self._session_dir(session_id).exists() or session_id in self.host.sessions():
                 raise EgressError(f"session {session_id} is already attached")
             try:
                 self.host.prune(lambda sid: Path(f"/sys/class/net/{bridge_name(sid)}").exists())
                 slot = self.host.claim(self.installation, session_id, self.settings.slot_count)
-                plan = self._plan(session_id, policy, slot)
+                plan = self._plan(session_id, policy, slot, guest_mac)
                 state = self._session_dir(session_id)
                 state.mkdir(mode=0o700)
                 (state / "owner").write_text(self.owner)
@@ -260,6 +267,10 @@ class NftEgress:
                 alias = f"deskvm:{self.installation}:{session_id}"
                 self._run(["ip", "link", "set", br, "alias", alias])
                 Path(f"/proc/sys/net/ipv6/conf/{br}/disable_ipv6").write_text("1\n")
+                # ARP answers only for the bridge's own address: by default Linux answers
+                # for every local address on every interface, so a guest could probe which
+                # other sessions' gateways (slots) exist.
+                Path(f"/proc/sys/net/ipv4/conf/{br}/arp_ignore").write_text("1\n")
                 self._run(["ip", "addr", "add", f"{plan.gateway_ip}/30", "dev", br])
                 self._run(["ip", "link", "set", br, "up"])
                 self._nft(render_session_ruleset(plan))
@@ -329,7 +340,7 @@ class NftEgress:
             slot = self.host.slot_of(self.installation, session_id)
             if slot is None:
                 raise EgressError(f"session {session_id} has no subnet slot")
-            plan = self._plan(session_id, policy, slot)
+            plan = self._plan(session_id, policy, slot, attachment.guest_mac)
             try:
                 if not self._daemon_alive(state, "ulogd"):
                     self._start_ulogd(plan, state)
@@ -348,6 +359,27 @@ class NftEgress:
             return False
         cmdline = _cmdline(pid)
         return _alive(pid) and str(state) in cmdline and name in cmdline
+
+    def leased_ip(self, session_id: str) -> str | None:
+        """See :meth:`orchestrator.egress.base.Egress.leased_ip`: read from dnsmasq's lease
+        file (``<expiry> <mac> <ip> <hostname> <client id>`` per line, rewritten by
+        dnsmasq at every change)."""
+        validate_session_id(session_id)
+        state = self._session_dir(session_id)
+        try:
+            mac = json.loads((state / "attachment.json").read_text())["guest_mac"]
+            lines = (state / "dnsmasq.leases").read_text().splitlines()
+        except FileNotFoundError as exc:
+            if not state.is_dir():
+                raise EgressError(f"session {session_id} is not attached") from exc
+            return None
+        except (OSError, ValueError, KeyError) as exc:
+            raise EgressError(f"cannot read the leases of {session_id}: {exc}") from exc
+        for line in lines:
+            fields = line.split()
+            if len(fields) >= 3 and fields[1].lower() == mac:
+                return fields[2]
+        return None
 
     def detach(self, session_id: str) -> None:
         """See :meth:`orchestrator.egress.base.Egress.detach`."""

@@ -159,6 +159,19 @@ class Domain(Protocol):
         """
         ...
 
+    def set_link(self, up: bool) -> None:
+        """Set the link state of the domain's NIC (its virtual cable), as the guest sees it.
+
+        A warm start with egress takes the restored guest's link down and up again: the
+        guest drops its saved DHCP lease on the carrier loss and asks the session's DHCP
+        server anew when the carrier is back (a host-side signal through the NIC's
+        emulated hardware: no guest program, no network path into the guest).
+
+        Raises:
+            HypervisorError: the domain has no NIC, or the hypervisor refused.
+        """
+        ...
+
 
 class Hypervisor(Protocol):
     """Starts and destroys disposable session domains."""
@@ -219,6 +232,7 @@ class Hypervisor(Protocol):
         *,
         cpu_weight: int | None = None,
         paused: bool = False,
+        nic: NicAttachment | None = None,
     ) -> Domain:
         """Start ``spec``'s domain from ``state`` on a fresh overlay over ``state.disk``.
 
@@ -226,10 +240,15 @@ class Hypervisor(Protocol):
         overlay, logs and helper socket. ``cpu_weight`` (cgroup CPU shares, default 1024)
         below the default makes it yield to live sessions (see :meth:`set_cpu_weight`).
         ``paused``: its vCPUs stay stopped (no CPU used, the guest's clocks stand still)
-        until :meth:`resume`. Leaves nothing behind when it fails.
+        until :meth:`resume`. ``nic``: where the saved NIC plugs in now (the session's
+        bridge and tap; its ``mac`` must be the saved NIC's, which a restore keeps), for a
+        state saved with a NIC; a state without one takes no ``nic``. Leaves nothing
+        behind when it fails.
 
         Raises:
-            HypervisorError: the state file is missing or corrupt, or the restore failed.
+            HypervisorError: the state file is missing or corrupt, the state's NIC and
+                ``nic`` do not match (one without the other, another MAC), or the
+                restore failed.
         """
         ...
 

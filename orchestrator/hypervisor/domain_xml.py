@@ -278,6 +278,37 @@ def metadata_owner(metadata_xml: str) -> str | None:
         return None
 
 
+def saved_nic_mac(saved_xml: str) -> str | None:
+    """The MAC of a saved domain's one NIC (``None``: it has none)."""
+    devices = ET.fromstring(saved_xml).find("devices")
+    ifaces = [] if devices is None else devices.findall("interface")
+    mac = ifaces[0].find("mac") if len(ifaces) == 1 else None
+    return None if mac is None else mac.get("address")
+
+
+def _replug_nic(devices: ET.Element, nic: NicAttachment | None) -> None:
+    """Point the saved ``<interface>`` at ``nic`` (see :func:`clone_domain_xml`)."""
+    ifaces = devices.findall("interface")
+    if nic is None:
+        if ifaces:
+            raise ValueError("the saved domain has a NIC: its restore needs a network attachment")
+        return
+    if len(ifaces) != 1 or ifaces[0].get("type") != "bridge":
+        raise ValueError("the saved domain has no NIC on a bridge to plug into the session's")
+    iface = ifaces[0]
+    mac = iface.find("mac")
+    saved_mac = None if mac is None else mac.get("address")
+    if saved_mac != nic.mac:
+        raise ValueError(f"the saved NIC's MAC is {saved_mac}, the attachment's {nic.mac}")
+    for tag in ("source", "target", "link"):
+        for el in iface.findall(tag):
+            iface.remove(el)
+    source = ET.Element("source", bridge=nic.bridge)
+    iface.insert(0, source)
+    if nic.tap is not None:
+        iface.insert(1, ET.Element("target", dev=nic.tap))
+
+
 def clone_domain_xml(
     saved_xml: str,
     *,
@@ -287,6 +318,7 @@ def clone_domain_xml(
     owner: str,
     uuid: str,
     genid: str,
+    nic: NicAttachment | None = None,
 ) -> str:
     """The XML a restored copy of a saved session domain runs under.
 
@@ -295,10 +327,13 @@ def clone_domain_xml(
     (``deskvm-<session_id>``, ``-r<N>`` added for ``paths.generation`` N), UUID, VM
     generation ID (a new one: the guest reseeds its RNG), metadata, overlay, serial log
     files and guest helper socket, and no
-    ``<memtune>`` (the hard limit is applied live, as for a cold start).
+    ``<memtune>`` (the hard limit is applied live, as for a cold start). A saved NIC is
+    plugged into ``nic``'s bridge under ``nic``'s tap name; its MAC stays the saved one
+    (part of the guest's saved device state).
 
     Raises:
-        ValueError: ``saved_xml`` is not a deskvm domain.
+        ValueError: ``saved_xml`` is not a deskvm domain, or the saved NIC and ``nic``
+            do not match (one without the other, more than one NIC, another MAC).
     """
     dom = ET.fromstring(saved_xml)
     ET.register_namespace("deskvm", METADATA_NS)
@@ -341,5 +376,6 @@ def clone_domain_xml(
             source.set(
                 "path", str(paths.clock_socket if port == CLOCK_PORT else paths.helper_socket)
             )
+    _replug_nic(devices, nic)
     ET.indent(dom)
     return ET.tostring(dom, encoding="unicode") + "\n"

@@ -41,6 +41,8 @@ class FakeDomain:
         self.clock_set = 0
         """How often the host set this guest's clock."""
         self.nic = nic
+        self.links: list[bool] = []
+        """Link states the host set on its NIC, in order (:meth:`set_link`)."""
         self.running = True
         self.console = "[    0.000000] Linux version 6.1.0 (fake)\nfake login: desk\n"
         self._guest_log = bytearray()
@@ -100,6 +102,12 @@ class FakeDomain:
         self.clock_set += 1
         return 0.0
 
+    def set_link(self, up: bool) -> None:
+        """Record the link state (see :attr:`links`); a domain without a NIC refuses."""
+        if self.nic is None:
+            raise HypervisorError(f"session {self.spec.session_id} has no NIC")
+        self.links.append(up)
+
 
 class FakeHypervisor:
     """:class:`~orchestrator.hypervisor.base.Hypervisor` that keeps domains in memory.
@@ -115,6 +123,9 @@ class FakeHypervisor:
     * ``"adopt"``: :meth:`adopt` raises (the domain is left as it is).
     * ``"save"``: :meth:`save` raises (the domain is destroyed, nothing is saved).
     * ``"restore"``: :meth:`restore` raises (nothing is left).
+
+    A saved state keeps its domain's NIC MAC; :meth:`restore` of it needs a ``nic`` with
+    that MAC (and refuses one for a state without a NIC), as the real one does.
     * ``"reset"``: :meth:`reset` raises (the session's domain is gone).
 
     :meth:`save` writes a small JSON ``state.save``; :meth:`restore` refuses a state file
@@ -213,8 +224,9 @@ class FakeHypervisor:
             dest.mkdir(mode=0o711)
             state = SavedState(root=dest, disk_cap_mib=1024)
             # As libvirt's save image, the state keeps the domain's live CPU weight.
+            mac = domain.nic.mac if domain.nic is not None else None
             state.state_file.write_text(
-                json.dumps({"session_id": session_id, "cpu_weight": domain.cpu_weight})
+                json.dumps({"session_id": session_id, "cpu_weight": domain.cpu_weight, "mac": mac})
             )
             state.disk.write_bytes(b"frozen")
             self.saved.append(session_id)
@@ -227,12 +239,14 @@ class FakeHypervisor:
         *,
         cpu_weight: int | None = None,
         paused: bool = False,
+        nic: NicAttachment | None = None,
     ) -> FakeDomain:
         with self._lock:
             try:
                 saved = json.loads(state.state_file.read_text())
                 saved["session_id"]
                 saved_weight = int(saved.get("cpu_weight", 1024))
+                saved_mac = saved.get("mac")
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise HypervisorError(
                     f"could not restore session {spec.session_id} from {state.state_file}: {exc}"
@@ -241,9 +255,14 @@ class FakeHypervisor:
                 raise HypervisorError(f"injected failure restoring {spec.session_id}")
             if spec.session_id in self.domains:
                 raise HypervisorError(f"session {spec.session_id} already exists")
+            if (nic.mac if nic is not None else None) != saved_mac:
+                raise HypervisorError(
+                    f"could not restore session {spec.session_id}: the saved NIC's MAC is "
+                    f"{saved_mac}, the attachment's {nic.mac if nic is not None else None}"
+                )
             domain = FakeDomain(
                 spec,
-                None,
+                nic,
                 horizontal_wheel=self._horizontal_wheel,
                 restored_from=state.state_file,
             )
@@ -265,6 +284,8 @@ class FakeHypervisor:
                 raise HypervisorError(f"injected failure resetting {spec.session_id}")
             if not state.state_file.is_file():
                 raise HypervisorError(f"could not reset {spec.session_id}: no {state.state_file}")
+            if json.loads(state.state_file.read_text()).get("mac") is not None:
+                raise HypervisorError(f"could not reset {spec.session_id}: the state has a NIC")
             domain = FakeDomain(
                 spec, None, horizontal_wheel=self._horizontal_wheel, restored_from=state.state_file
             )

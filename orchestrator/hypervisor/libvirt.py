@@ -27,6 +27,7 @@ import subprocess
 import threading
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -173,6 +174,27 @@ class LibvirtDomain:
 
     def set_clock(self, timeout_s: float = 1.0) -> float | None:
         return set_guest_clock(self._paths.clock_socket, timeout_s=timeout_s)
+
+    def set_link(self, up: bool) -> None:
+        """See :meth:`Domain.set_link`: the live ``<interface>`` with ``<link state=.../>``
+        through ``virDomainUpdateDeviceFlags`` (QEMU's ``set_link``)."""
+        try:
+            dom_xml = ET.fromstring(self._dom.XMLDesc(0))
+            ifaces = dom_xml.findall("devices/interface")
+            if len(ifaces) != 1:
+                raise HypervisorError(f"session {self._session_id} has {len(ifaces)} NICs, not one")
+            iface = ifaces[0]
+            for el in iface.findall("link"):
+                iface.remove(el)
+            ET.SubElement(iface, "link", state="up" if up else "down")
+            self._dom.updateDeviceFlags(
+                ET.tostring(iface, encoding="unicode"), libvirt.VIR_DOMAIN_AFFECT_LIVE
+            )
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(
+                f"cannot set the link of session {self._session_id}'s NIC "
+                f"{'up' if up else 'down'}: {exc.get_error_message()}"
+            ) from exc
 
 
 def set_guest_clock(socket_path: Path, *, timeout_s: float) -> float | None:
@@ -591,6 +613,7 @@ class LibvirtHypervisor:
         *,
         cpu_weight: int | None = None,
         paused: bool = False,
+        nic: NicAttachment | None = None,
     ) -> LibvirtDomain:
         """See :meth:`Hypervisor.restore`.
 
@@ -605,7 +628,7 @@ class LibvirtHypervisor:
             CapacityError: ``insufficient_disk`` (as :meth:`start`).
             HypervisorError: the state is missing or corrupt, or libvirt failed.
         """
-        return self._restore(spec, state, cpu_weight=cpu_weight, fresh=True, paused=paused)
+        return self._restore(spec, state, cpu_weight=cpu_weight, fresh=True, paused=paused, nic=nic)
 
     def keep_state(self, session_id: str, state: SavedState) -> SavedState:
         """See :meth:`Hypervisor.keep_state` (hard links under ``<session>/start``)."""
@@ -679,6 +702,7 @@ class LibvirtHypervisor:
         cpu_weight: int | None,
         fresh: bool,
         paused: bool = False,
+        nic: NicAttachment | None = None,
     ) -> LibvirtDomain:
         paths = self._paths(spec.session_id)
         header = read_header(state.state_file)
@@ -711,6 +735,7 @@ class LibvirtHypervisor:
                 owner=str(self._sessions_dir),
                 uuid=str(uuid.uuid4()),
                 genid=str(uuid.uuid4()),
+                nic=nic,
             )
             os.mkfifo(fifo, 0o600)
 

@@ -349,3 +349,41 @@ def test_an_older_versions_live_session_is_named_not_broken(bare_world: World) -
         holder.kill()
         holder.wait()
         _remove_legacy_leftovers()
+
+
+def test_two_sessions_sharing_one_mac_never_meet(bare_world: World) -> None:
+    """Warm starts with egress: clones of one template keep its MAC, each session's
+    network accepts it (``guest_mac``), and the two stay apart: each stand-in guest leases
+    its own session's address, ARP answers only its own gateway (not the other session's,
+    which is a local address of the host too), and a packet to the other is dropped."""
+    w = bare_world
+    mac = "52:54:00:12:34:56"
+    a = w.egress.attach(new_session_id(), EgressPolicy(allow=("allowed.test",)), guest_mac=mac)
+    b = w.egress.attach(new_session_id(), EgressPolicy(), guest_mac=mac)
+    try:
+        assert a.guest_mac == b.guest_mac == mac and a.bridge != b.bridge
+        ns_a, ns_b = w.add_guest(a), w.add_guest(b)
+        assert w.egress.leased_ip(a.session_id) is None
+        assert w.dhcp(ns_a) == a.guest_ip and w.dhcp(ns_b) == b.guest_ip
+        assert w.egress.leased_ip(a.session_id) == a.guest_ip
+        assert w.egress.leased_ip(b.session_id) == b.guest_ip
+
+        def arp(ns: str, ip: str) -> bool:
+            argv = ("ip", "netns", "exec", ns, "busybox", "arping", "-c", "1", "-w", "2")
+            return subprocess.run([*argv, "-I", "eth0", ip], capture_output=True).returncode == 0
+
+        assert arp(ns_a, a.gateway_ip) and arp(ns_b, b.gateway_ip)
+        assert not arp(ns_a, b.gateway_ip) and not arp(ns_b, a.gateway_ip)
+        for dst in (b.guest_ip, b.gateway_ip):
+            assert not w.probe("tcp", dst, "80", ns=ns_a)["ok"]
+        r = w.probe("dns", a.gateway_ip, "allowed.test", ns=ns_a)
+        assert r["ok"], r
+        r = w.probe("dns", b.gateway_ip, "allowed.test", ns=ns_b)
+        assert not r.get("answers"), r  # b's resolver allows nothing
+        time.sleep(1.5)  # dnsmasq stamps whole seconds
+        assert not [d for d in w.egress.decisions(b.session_id) if d.query == "allowed.test"
+                    and d.kind == "dns_answered"]  # fmt: skip
+    finally:
+        w.egress.detach(a.session_id)
+        w.egress.detach(b.session_id)
+    assert not deskvm_leftovers()
