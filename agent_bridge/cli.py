@@ -625,7 +625,8 @@ def serve(
             "--config",
             metavar="PATH",
             help="TOML config file: a [serve] table (host, port and the settings by name) "
-            "and [[warm_pool]] tables (image, size, width_px, height_px, memory_mib, vcpus); "
+            "and [[warm_pool]] tables (image, size, width_px, height_px, memory_mib, vcpus, "
+            "egress); "
             "the environment and these flags override it. \\[default: DESKVM_CONFIG, else "
             "/etc/deskvm/serve.toml if it exists]",
         ),
@@ -745,7 +746,9 @@ def serve(
             help="IMAGE:N[,IMAGE:N]: keep N desktops of IMAGE (1280x800, 2048 MiB, 2 vCPUs, "
             "no network) restored from a saved state and ready; a matching POST "
             '/v1/sessions takes one over in about a second ("start": "warm"). Their '
-            "memory counts in --max-total-memory-mib. Env: DESKVM_WARM_POOL.",
+            "memory counts in --max-total-memory-mib. IMAGE:egress keeps one desktop saved "
+            "with a NIC for sessions with an egress policy (restored onto each one's own "
+            "network at the claim, about 3 s). Env: DESKVM_WARM_POOL.",
         ),
     ] = None,
     state_dir: StateDir = None,
