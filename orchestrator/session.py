@@ -375,7 +375,8 @@ class Session:
         self.start_phases_s: dict[str, float] = {}
         """Seconds each start phase took: ``claim_s`` (warm), ``egress_s`` (with a
         policy), ``domain_start_s`` (cold), ``clock_s`` (warm: setting the guest's wall
-        clock), ``ready_s`` (until a drawn frame)."""
+        clock), ``ready_s`` (until a drawn frame); a warm start with egress also
+        ``restore_s``, ``link_s`` and ``lease_s`` (see :meth:`start`)."""
         self.closed_reason: str | None = None
         self._guest_log_snapshot = b""
         self._console_snapshot = ""
