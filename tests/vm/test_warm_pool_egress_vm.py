@@ -113,9 +113,10 @@ def test_two_warm_egress_sessions_are_their_own(world: World) -> None:
             assert manager.pool.wait_full(POOL_FILL_TIMEOUT_S), manager.pool.status()
             (status,) = manager.pool.status()
             assert status["egress"] and status["ready"] == 1, status
-            # The template's /30 (released after its save) goes to a placeholder, so that
-            # neither session gets the address the template leased: each guest must drop
-            # its saved lease and take the session's.
+            # The template's /30 (released after its save) goes to a placeholder when no
+            # other installation took it meanwhile, so that neither session gets the
+            # address the template leased. Either way the two sessions' addresses differ,
+            # so at least one guest must have dropped its saved lease to hold its own.
             placeholder = new_session_id()
             world.egress.attach(placeholder, EgressPolicy())
             sessions = []
