@@ -350,10 +350,12 @@ def render_session_ruleset(plan: SessionPlan) -> str:
     ]
 
     fwd = _Rules(plan)
-    fwd.lines.append("ct state established,related accept")
-    fwd.drop("ct state invalid", "invalid")
+    # Source and way out first, before conntrack: a guest holding another session's address
+    # (say, a clone that kept its template's lease) cannot ride that session's connections.
     fwd.drop(f'oifname != "{up}"', "oif")
     fwd.drop(f"meta nfproto ipv4 ip saddr != {plan.guest_ip}", "spoof")
+    fwd.lines.append("ct state established,related accept")
+    fwd.drop("ct state invalid", "invalid")
     if not plan.has_ipv6:
         fwd.drop("meta nfproto ipv6", "ipv6")
     fwd.drop(f"ip daddr {_elements(NEVER_V4)}", "always-denied")
@@ -380,9 +382,12 @@ def render_session_ruleset(plan: SessionPlan) -> str:
     back.drop("", "inbound")
 
     host = _Rules(plan)
-    host.lines.append("meta nfproto ipv4 udp sport 68 udp dport 67 accept")
-    host.lines.append(f"ip daddr {plan.gateway_ip} udp dport 53 accept")
-    host.lines.append(f"ip daddr {plan.gateway_ip} tcp dport 53 accept")
+    # From the guest's own address only (DHCP also from 0.0.0.0, before its lease): the
+    # resolver answers whatever source a query carries, so a forged one would send the
+    # answer out another interface, to a host on the uplink's network or to another session.
+    host.lines.append(f"ip saddr {{ 0.0.0.0, {plan.guest_ip} }} udp sport 68 udp dport 67 accept")
+    host.lines.append(f"ip saddr {plan.guest_ip} ip daddr {plan.gateway_ip} udp dport 53 accept")
+    host.lines.append(f"ip saddr {plan.guest_ip} ip daddr {plan.gateway_ip} tcp dport 53 accept")
     host.drop("", "host")
 
     post = [

@@ -134,10 +134,15 @@ def test_invariants_of_the_full_ruleset() -> None:
     text = render_session_ruleset(FULL)
     fwd = text.split(f"chain fwd_{SID} {{")[1].split("\n\t}")[0]
     lines = [line.strip() for line in fwd.strip().splitlines()]
-    # replies first, default drop last, always-denied before any accept
-    assert lines[0] == "ct state established,related accept"
+    # the way out and the source are checked before conntrack lets anything through (a
+    # guest holding another session's address cannot ride its connections), default drop
+    # last, always-denied before any accept
+    ct = lines.index("ct state established,related accept")
+    assert ct == lines.index(f"meta nfproto ipv4 ip saddr != {FULL.guest_ip} counter drop") + 1
+    assert lines.index('oifname != "uplink0" counter drop') < ct
+    assert not any(line.endswith(" accept") for line in lines[:ct])
     assert lines[-1] == "counter drop"
-    first_accept = next(i for i, line in enumerate(lines) if line.endswith(" accept") and i)
+    first_accept = next(i for i, line in enumerate(lines) if line.endswith(" accept") and i > ct)
     always = max(i for i, line in enumerate(lines) if "always-denied" in line)
     assert always < first_accept
     # the private CIDR entry is accepted before the private drop, the public ones after
@@ -148,6 +153,12 @@ def test_invariants_of_the_full_ruleset() -> None:
     assert 'oifname != "uplink0"' in fwd
     # with an IPv6 entry, IPv6 passes the bridge and is filtered in inet
     assert "ether type ip6 accept" in text
+    # the host (DHCP and the resolver) takes packets from the guest's own address only
+    host = text.split(f"chain in_{SID} {{")[1].split("\n\t}")[0]
+    accepts = [line.strip() for line in host.splitlines() if line.strip().endswith(" accept")]
+    assert len(accepts) == 3, accepts
+    assert accepts[0].startswith(f"ip saddr {{ 0.0.0.0, {FULL.guest_ip} }} udp sport 68 ")
+    assert all(a.startswith(f"ip saddr {FULL.guest_ip} ") for a in accepts[1:]), accepts
 
 
 def test_refused_answers_exclude_named_private_ranges() -> None:

@@ -387,3 +387,78 @@ def test_two_sessions_sharing_one_mac_never_meet(bare_world: World) -> None:
         w.egress.detach(a.session_id)
         w.egress.detach(b.session_id)
     assert not deskvm_leftovers()
+
+
+def _dns_query(name: str) -> bytes:
+    """A minimal DNS query for ``name``'s A record (RFC 1035 4.1), id 0x1234."""
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
+    return bytes.fromhex("123401000001000000000000") + labels + b"\x00\x00\x01\x00\x01"
+
+
+def test_a_guest_cannot_make_the_resolver_answer_a_forged_source(bare_world: World) -> None:
+    """A guest that takes another address (here the other session's guest address, as a
+    warm clone keeping its template's lease could) and asks its own gateway's resolver
+    from it: the host drops the query, so no answer is sent out another interface (before,
+    dnsmasq answered the forged source and the other session's guest received it)."""
+    w = bare_world
+    a = w.egress.attach(new_session_id(), EgressPolicy(allow=("allowed.test",)))
+    b = w.egress.attach(new_session_id(), EgressPolicy(allow=("allowed.test",)))
+    try:
+        ns_a, ns_b = w.add_guest(a), w.add_guest(b)
+        assert w.dhcp(ns_a) == a.guest_ip and w.dhcp(ns_b) == b.guest_ip
+        port = 40053
+        listen = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"s.bind(({b.guest_ip!r}, {port}))\n"
+            "s.settimeout(float(sys.argv[1]))\n"
+            "if len(sys.argv) > 2:  # the control: ask from this very socket\n"
+            "    s.sendto(bytes.fromhex(sys.argv[3]), (sys.argv[2], 53))\n"
+            "print('listening', flush=True)\n"
+            "try:\n"
+            "    data, src = s.recvfrom(4096)\n"
+            "    print('got', src[0], len(data), flush=True)\n"
+            "except TimeoutError:\n"
+            "    print('nothing', flush=True)\n"
+        )
+        send = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "s.bind((sys.argv[1], int(sys.argv[2])))\n"
+            "s.sendto(bytes.fromhex(sys.argv[3]), (sys.argv[4], 53))\n"
+        )
+        query = _dns_query("allowed.test").hex()
+
+        def listened(*control: str, forged: tuple[str, str] | None = None) -> str:
+            """What b's listener got: after asking ``control`` (its gateway, the query)
+            itself, or after a's guest asked a's gateway from ``forged`` (address, port)."""
+            argv = ["ip", "netns", "exec", ns_b, sys.executable, "-c", listen, "3", *control]
+            listener = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            try:
+                assert listener.stdout is not None
+                assert listener.stdout.readline().strip() == "listening"
+                if forged is not None:
+                    subprocess.run(
+                        ["ip", "netns", "exec", ns_a, sys.executable, "-c", send, *forged,
+                         query, a.gateway_ip],
+                        check=True, timeout=10,
+                    )  # fmt: skip
+                out, _ = listener.communicate(timeout=10)
+            finally:
+                listener.kill()
+                listener.wait()
+            return out.strip()
+
+        # The control: b's listener asking b's gateway gets the answer.
+        assert listened(b.gateway_ip, query) == f"got {b.gateway_ip} 46", "control"
+        # a, holding b's address too, asks a's gateway from it: nothing reaches b.
+        subprocess.run(["ip", "-n", ns_a, "addr", "add", f"{b.guest_ip}/32", "dev", "eth0"],
+                       check=True)  # fmt: skip
+        assert listened(forged=(b.guest_ip, str(port))) == "nothing"
+        time.sleep(1.5)  # the drop's log record comes through ulogd
+        drops = [d for d in w.egress.decisions(a.session_id) if d.kind != "dns_answered"]
+        assert any(str(d.src) == b.guest_ip for d in drops), drops
+    finally:
+        w.egress.detach(a.session_id)
+        w.egress.detach(b.session_id)
+    assert not deskvm_leftovers()
