@@ -306,6 +306,8 @@ def _remove_legacy_leftovers() -> None:
         ["ip", "link", "del", f"dvm{LEGACY_SID}"],
     ):
         subprocess.run(argv, capture_output=True)
+    # The orphan dnsmasq's pid file (it drops root, so it cannot remove the file itself).
+    Path(f"/tmp/{LEGACY_SID}.pid").unlink(missing_ok=True)
 
 
 def test_an_older_versions_dead_leftovers_are_cleared_at_attach(bare_world: World) -> None:
