@@ -266,11 +266,7 @@ class NftEgress:
                 self._run(["ip", "link", "add", br, "type", "bridge"])
                 alias = f"deskvm:{self.installation}:{session_id}"
                 self._run(["ip", "link", "set", br, "alias", alias])
-                Path(f"/proc/sys/net/ipv6/conf/{br}/disable_ipv6").write_text("1\n")
-                # ARP answers only for the bridge's own address: by default Linux answers
-                # for every local address on every interface, so a guest could probe which
-                # other sessions' gateways (slots) exist.
-                Path(f"/proc/sys/net/ipv4/conf/{br}/arp_ignore").write_text("1\n")
+                _harden_bridge(br)
                 self._run(["ip", "addr", "add", f"{plan.gateway_ip}/30", "dev", br])
                 self._run(["ip", "link", "set", br, "up"])
                 self._nft(render_session_ruleset(plan))
@@ -312,7 +308,9 @@ class NftEgress:
         them running; a service manager that kills the whole service (systemd's
         ``KillMode=control-group``) takes them down with it. Whatever is not running any
         more is started again with the session's configuration (its NFLOG group and lease
-        file are the same); the bridge and the rules must still be there.
+        file are the same); the bridge and the rules must still be there. The bridge's
+        kernel settings are written again (``arp_ignore``, IPv6 off): a bridge made by an
+        older version lacked ``arp_ignore``.
 
         Raises:
             EgressError: not attached here, owned by another installation, its bridge or
@@ -342,6 +340,8 @@ class NftEgress:
                 raise EgressError(f"session {session_id} has no subnet slot")
             plan = self._plan(session_id, policy, slot, attachment.guest_mac)
             try:
+                # A bridge made by an older version (or changed since) gets today's settings.
+                _harden_bridge(attachment.bridge)
                 if not self._daemon_alive(state, "ulogd"):
                     self._start_ulogd(plan, state)
                 if not self._daemon_alive(state, "dnsmasq"):
@@ -679,6 +679,23 @@ def _map_elem(elem: object) -> tuple[str | None, str]:
     if isinstance(key, str):
         return key, target
     return None, target
+
+
+def _harden_bridge(bridge: str) -> None:
+    """The session bridge's own kernel settings (at attach, and again at adopt).
+
+    IPv6 off. ARP answers only for the bridge's own address (``arp_ignore=1``): by default
+    Linux answers for every local address on every interface, so a guest could probe
+    which other sessions' gateways (slots) exist. Reverse-path filtering stays as the host
+    has it (off, or loose): the session's nft chains drop every packet from another source
+    address and log it as a decision, where strict filtering would drop it unrecorded
+    before them.
+
+    Raises:
+        OSError: the bridge is gone, or the settings cannot be written.
+    """
+    Path(f"/proc/sys/net/ipv6/conf/{bridge}/disable_ipv6").write_text("1\n")
+    Path(f"/proc/sys/net/ipv4/conf/{bridge}/arp_ignore").write_text("1\n")
 
 
 def _read_new(path: Path, offset: int) -> tuple[int, list[str]]:

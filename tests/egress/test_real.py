@@ -464,3 +464,31 @@ def test_a_guest_cannot_make_the_resolver_answer_a_forged_source(bare_world: Wor
         w.egress.detach(a.session_id)
         w.egress.detach(b.session_id)
     assert not deskvm_leftovers()
+
+
+def test_an_adopted_bridge_answers_arp_for_its_own_gateway_only(bare_world: World) -> None:
+    """A session bridge made before ``arp_ignore=1`` was set at attach (an older version's,
+    taken back by a restarted server) gets it at adopt: before, its guest could still probe
+    which other sessions' gateways exist."""
+    w = bare_world
+    a = w.egress.attach(new_session_id(), POLICY)
+    b = w.egress.attach(new_session_id(), EgressPolicy())
+    try:
+        ns_a = w.add_guest(a)
+        assert w.dhcp(ns_a) == a.guest_ip
+
+        def arp(ip: str) -> bool:
+            argv = ("ip", "netns", "exec", ns_a, "busybox", "arping", "-c", "1", "-w", "2")
+            return subprocess.run([*argv, "-I", "eth0", ip], capture_output=True).returncode == 0
+
+        sysctl = Path(f"/proc/sys/net/ipv4/conf/{a.bridge}/arp_ignore")
+        sysctl.write_text("0\n")  # as an older version left it
+        assert arp(a.gateway_ip) and arp(b.gateway_ip)  # the control: b's gateway answers
+        fresh = NftEgress(w.settings, owner=w.egress.owner)
+        assert fresh.adopt(a.session_id, POLICY) == a
+        assert sysctl.read_text().strip() == "1"
+        assert arp(a.gateway_ip) and not arp(b.gateway_ip)
+    finally:
+        w.egress.detach(a.session_id)
+        w.egress.detach(b.session_id)
+    assert not deskvm_leftovers()
