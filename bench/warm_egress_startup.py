@@ -1,7 +1,8 @@
 """Warm vs. cold start of sessions with an egress policy (real VMs, needs root).
 
     flock /run/deskvm-vm.lock flock /run/deskvm-net.lock \\
-        .venv/bin/python bench/warm_egress_startup.py [--warm 5] [--cold 3]
+        .venv/bin/python bench/warm_egress_startup.py [--warm 5] [--cold 3] \\
+        [--link-down-s 1.2 0.3]
 
 One manager with a warm pool of the default image's egress target (``IMAGE:egress``):
 the template boots with a NIC on a deny-all network of its own and is saved. Then WARM
@@ -10,6 +11,11 @@ onto its own network; create returns once the desktop is drawn and the guest hol
 session's DHCP lease), each deleted before the next; then the pool is closed and COLD
 sessions with the same policy boot cold. The upstream is the egress test world's
 namespace (never the real uplink). Prints each create time and its phases, and the p50s.
+
+``--link-down-s S [S ...]``: WARM warm starts for each value of
+``orchestrator.session.WARM_LINK_DOWN_S`` (how long the restored guest's link stays down
+at first; default: the code's): the figures per value, and how many starts needed the
+second, longer link-down (``relink_s`` among their phases: the guest missed the first).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "egress")]
 from egress_world import World, leftovers  # noqa: E402
 
 from agent_bridge.runtime import build_manager  # noqa: E402
+from orchestrator import session as session_module  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 from orchestrator.spec import DisplaySpec, EgressPolicy  # noqa: E402
 
@@ -45,11 +52,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--warm", type=int, default=5, help="warm starts to time")
     parser.add_argument("--cold", type=int, default=3, help="cold starts to time")
+    parser.add_argument(
+        "--link-down-s",
+        type=float,
+        nargs="+",
+        default=[session_module.WARM_LINK_DOWN_S],
+        help="first link-down times to time WARM starts with, seconds",
+    )
     args = parser.parse_args()
     base = Settings.from_env()
     settings = base.replace(warm_pool=f"{base.default_image}:egress", capture_fps=0)
     world = World()
-    warm: list[float] = []
+    warm: dict[float, list[float]] = {down_s: [] for down_s in args.link_down_s}
+    relinks: dict[float, int] = dict.fromkeys(args.link_down_s, 0)
     cold: list[float] = []
     fell_back = 0
     errors: list[str] = []
@@ -69,13 +84,17 @@ def main() -> int:
             f"save {status['save_s']:.1f} s",
             flush=True,
         )
-        for i in range(args.warm):
-            took, kind, phases = _create(manager, settings.default_image)
-            if kind != "warm":
-                fell_back += 1
-            else:
-                warm.append(took)
-            print(f"warm {i + 1}: create {took:.2f} s ({kind}) {phases}", flush=True)
+        for down_s in args.link_down_s:
+            session_module.WARM_LINK_DOWN_S = down_s
+            for i in range(args.warm):
+                took, kind, phases = _create(manager, settings.default_image)
+                if kind != "warm":
+                    fell_back += 1
+                else:
+                    warm[down_s].append(took)
+                relinks[down_s] += "relink_s" in phases
+                print(f"warm {i + 1} (link down {down_s:g} s): create {took:.2f} s ({kind}) "
+                      f"{phases}", flush=True)  # fmt: skip
         manager.close_pool()
         for i in range(args.cold):
             took, kind, phases = _create(manager, settings.default_image)
@@ -84,13 +103,19 @@ def main() -> int:
         manager.hypervisor.close()  # type: ignore[attr-defined]
     finally:
         errors = world.close()
-    if warm:
-        print(f"warm egress start p50 {statistics.median(warm):.2f} s over {len(warm)}: {warm}")
-    print(f"warm claims that fell back to cold: {fell_back} of {args.warm}")
+    for down_s, times in warm.items():
+        if times:
+            print(
+                f"warm egress start (link down {down_s:g} s) p50 {statistics.median(times):.2f}"
+                f" s over {len(times)} (min {min(times):.2f}, max {max(times):.2f}), "
+                f"second link-down needed: {relinks[down_s]}: {[round(t, 2) for t in times]}"
+            )
+    print(f"warm claims that fell back to cold: {fell_back} of {args.warm * len(warm)}")
     if cold:
         print(f"cold egress start p50 {statistics.median(cold):.2f} s over {len(cold)}: {cold}")
-    if warm and cold:
-        print(f"cold/warm p50 ratio: {statistics.median(cold) / statistics.median(warm):.1f}")
+    last = warm[args.link_down_s[-1]]
+    if last and cold:
+        print(f"cold/warm p50 ratio: {statistics.median(cold) / statistics.median(last):.1f}")
     left = leftovers()
     print(f"teardown errors: {errors or 'none'}; leftovers: {left or 'none'}")
     return 0 if not errors and not left and not fell_back else 1

@@ -123,13 +123,25 @@ DECISION_LOG_LAG_S = 2.0
 
 CLOCK_SET_TIMEOUT_S = 1.0
 """How long a warm start waits for the guest to confirm its new wall clock, seconds."""
-WARM_LINK_DOWN_S = 1.2
-"""How long a warm start with egress keeps the restored guest's link down, seconds:
-Linux reports a carrier loss to user space up to 1 s late (its linkwatch batches
-non-urgent link events), and a loss that is over before it is reported is never seen,
-so the guest would keep its saved lease."""
+WARM_LINK_DOWN_S = 0.3
+"""How long a warm start with egress keeps the restored guest's link down, seconds from
+the resume, and at least until the guest answered on its clock port (it runs): the
+guest's virtio-net driver sees the loss when it handles the configuration interrupt
+pending at the resume, and Linux reports it to user space at once when no link event
+came within the last second of the guest's time (the template's last one came long
+before its save). A loss that is over before it is reported is never seen, so the
+guest would keep its saved lease: then :data:`WARM_RELINK_AFTER_S`."""
+WARM_RELINK_AFTER_S = 1.0
+"""How long a warm start with egress waits for the guest's new lease after the link came
+up before it takes the link down once more, for :data:`WARM_LINK_RETRY_DOWN_S`, seconds
+(the lease comes 0.1-0.2 s after the link)."""
+WARM_LINK_RETRY_DOWN_S = 1.2
+"""How long the second link-down of a warm start with egress lasts, seconds: Linux
+reports a non-urgent carrier change to user space at most 1 s late (its linkwatch
+batches them), so a loss this long is seen."""
 WARM_LEASE_TIMEOUT_S = 15.0
-"""How long a warm start with egress waits for the guest's new DHCP lease, seconds."""
+"""How long a warm start with egress waits for the guest's new DHCP lease after the
+last link-up, seconds."""
 RESET_READY_TIMEOUT_S = 30.0
 """How long a reset's restored desktop may take to show a drawn frame, seconds."""
 WARM_READY_POLL_S = 0.05
@@ -328,6 +340,7 @@ class Session:
         self._nic = nic
         self._egress = egress if spec.egress is not None else None
         self._egress_attached = False
+        self._detach_lock = threading.Lock()
         self.egress_attachment: EgressAttachment | None = None
         self._network_poll_s = network_poll_s
         self._decisions: list[NetworkDecision] = []
@@ -453,12 +466,22 @@ class Session:
         its policy and accepting ``restore_mac``, restores the state onto it (paused),
         takes the guest's link down, resumes it, sets its clock, brings the link back up
         after :data:`WARM_LINK_DOWN_S` and waits until the session's DHCP server has
-        leased the session's address (:data:`WARM_LEASE_TIMEOUT_S`): the guest dropped
-        the template's lease at the carrier loss and asked anew. The policy holds from
-        the first packet whatever the guest does: the rules pass only the session's
-        address and ``restore_mac``. If any of that fails, the domain is destroyed, a
-        ``warm_failed`` lifecycle event recorded, and the session boots cold on the
-        same network (:attr:`start_kind` ``"cold"``).
+        leased the session's address: the guest dropped the template's lease at the
+        carrier loss and asked anew. No lease within :data:`WARM_RELINK_AFTER_S`: the
+        link goes down once more, for :data:`WARM_LINK_RETRY_DOWN_S` (a ``relink``
+        network event), and the lease may take :data:`WARM_LEASE_TIMEOUT_S`. The state
+        is restored from the session's own hard links to it
+        (:meth:`~orchestrator.hypervisor.base.Hypervisor.keep_state`), so the clone's
+        overlay never backs onto the pool's files, which a rebuilt template replaces.
+        The policy holds from the first packet whatever the guest does: the rules pass
+        only the session's address and ``restore_mac``. If any of that fails, the
+        domain is destroyed, a ``warm_failed`` lifecycle event recorded, and the session
+        boots cold on the same network (:attr:`start_kind` ``"cold"``).
+
+        A :meth:`close` while starting ends the start at its next step (a closed
+        session never falls back to a cold boot) and leaves nothing behind: a domain
+        restored or booted after ``close`` tore the session down is destroyed and its
+        network detached here.
 
         Args:
             warm: the restored domain to take over (``None``: boot cold).
@@ -504,6 +527,7 @@ class Session:
             if self._egress is not None and self.spec.egress is not None:
                 self._attach_egress(guest_mac=restore_mac if restore_from is not None else None)
                 phases["egress_s"], mark = self._since(mark)
+                self._check_closing()
             if restore_from is not None:
                 try:
                     self._restore_networked(restore_from, phases)
@@ -511,9 +535,11 @@ class Session:
                 except SessionClosed:
                     raise
                 except DeskvmError as exc:
+                    self._check_closing()  # a closed session does not boot cold
                     self._warm_failed(exc)
                 mark = self._clock.monotonic_ns()
             if warm is None:
+                self._check_closing()
                 self._domain = self._hypervisor.start(self.spec, nic=self._nic)
                 phases["domain_start_s"], mark = self._since(mark)
             elif restore_from is None:
@@ -533,6 +559,7 @@ class Session:
             if closed_by_caller:
                 # close() ended the session while it booted (e.g. its client went away): that
                 # is the one ending, with close()'s reason; the boot's failure is its effect.
+                self._clean_after_close()
                 raise SessionClosed(
                     f"session {self.id} was closed while starting: {self.closed_reason}"
                 ) from exc
@@ -563,33 +590,76 @@ class Session:
 
     def _restore_networked(self, state: SavedState, phases: dict[str, float]) -> None:
         """The warm start with egress of :meth:`start` up to the new lease (sets
-        :attr:`_domain`); phases ``restore_s``, ``clock_s``, ``link_s``, ``lease_s``."""
+        :attr:`_domain`); phases ``restore_s``, ``clock_s``, ``link_s``, ``lease_s``
+        (and ``relink_s`` when the link went down a second time)."""
         assert self._egress is not None and self._nic is not None
         mark = self._clock.monotonic_ns()
+        # The session's own links to the state: its overlay backs onto them, not the pool's.
+        kept = self._hypervisor.keep_state(self.id, state)
         domain = self._hypervisor.restore(
-            self.spec, state, cpu_weight=LIVE_CPU_WEIGHT, paused=True, nic=self._nic
+            self.spec, kept, cpu_weight=LIVE_CPU_WEIGHT, paused=True, nic=self._nic
         )
         self._domain = domain
+        self._check_closing()
         phases["restore_s"], mark = self._since(mark)
         domain.set_link(False)  # while paused: the guest sees the loss as it wakes
         self._hypervisor.resume(self.id)
         down_ns = self._clock.monotonic_ns()
         self.clock_offset_s = domain.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
         phases["clock_s"], mark = self._since(mark)
-        self._clock.sleep(WARM_LINK_DOWN_S - (self._clock.monotonic_ns() - down_ns) / 1e9)
-        domain.set_link(True)
-        phases["link_s"], mark = self._since(mark)
-        deadline_ns = mark + int(WARM_LEASE_TIMEOUT_S * 1e9)
-        while (leased := self._egress.leased_ip(self.id)) is None:
-            if self._closing.is_set():
-                raise SessionClosed(f"session {self.id} was closed while starting")
-            if self._clock.monotonic_ns() >= deadline_ns:
+        down_s, wait_s = WARM_LINK_DOWN_S, WARM_RELINK_AFTER_S
+        while True:
+            self._clock.sleep(down_s - (self._clock.monotonic_ns() - down_ns) / 1e9, self._closing)
+            self._check_closing()
+            domain.set_link(True)
+            phases["link_s" if "link_s" not in phases else "relink_s"], mark = self._since(mark)
+            leased = self._wait_lease(mark + int(wait_s * 1e9))
+            if leased is not None:
+                break
+            if "relink_s" in phases:
                 raise HypervisorError(
-                    f"the restored guest took no DHCP lease within {WARM_LEASE_TIMEOUT_S:g} s"
+                    "the restored guest took no DHCP lease within "
+                    f"{WARM_LEASE_TIMEOUT_S:g} s of its link's second coming up"
                 )
-            self._clock.sleep(WARM_READY_POLL_S)
+            # The guest did not see the loss (it keeps the template's lease): once more, longer.
+            domain.set_link(False)
+            down_ns = self._clock.monotonic_ns()
+            down_s, wait_s = WARM_LINK_RETRY_DOWN_S, WARM_LEASE_TIMEOUT_S
+            self._recorder.append(
+                "network",
+                {"event": "relink", "why": f"no lease {WARM_RELINK_AFTER_S:g} s after link up"},
+            )
         phases["lease_s"], mark = self._since(mark)
         self._recorder.append("network", {"event": "leased", "guest_ip": leased})
+
+    def _wait_lease(self, deadline_ns: int) -> str | None:
+        """The address the session's DHCP server leased to the guest, polled until
+        ``deadline_ns`` (``None``: no lease by then)."""
+        assert self._egress is not None
+        while (leased := self._egress.leased_ip(self.id)) is None:
+            self._check_closing()
+            if self._clock.monotonic_ns() >= deadline_ns:
+                return None
+            self._clock.sleep(WARM_READY_POLL_S)
+        return leased
+
+    def _check_closing(self) -> None:
+        """Raise :class:`SessionClosed` when :meth:`close` was called during the start."""
+        if self._closing.is_set():
+            raise SessionClosed(f"session {self.id} was closed while starting")
+
+    def _clean_after_close(self) -> None:
+        """After a start that ``close`` interrupted: remove what the start made after
+        close's teardown (a domain restored or booted meanwhile, its capture, its
+        network). Every step is idempotent; errors are ignored (close reports its own)."""
+        if self._frames is not None:
+            self._frames.stop()
+        with contextlib.suppress(DeskvmError):
+            self._hypervisor.destroy(self.id)
+        if self._domain is not None:
+            with contextlib.suppress(DeskvmError):
+                self._domain.display.close()
+        self._detach_egress(wait=False)  # close's teardown may be at it: then it does it
 
     def _warm_failed(self, exc: DeskvmError) -> None:
         """A warm start with egress failed: destroy its domain, record why, go cold."""
@@ -814,10 +884,21 @@ class Session:
                 raise EgressError("; ".join(errors))
             raise HypervisorError("; ".join(errors))
 
-    def _detach_egress(self) -> list[str]:
-        """Stop the poller, record the last decisions, detach; every step runs."""
-        if self._egress is None or not self._egress_attached:
+    def _detach_egress(self, *, wait: bool = True) -> list[str]:
+        """Stop the poller, record the last decisions, detach; every step runs (once:
+        close and an interrupted start may both call it; without ``wait``, nothing is
+        done while the other one is at it)."""
+        if not self._detach_lock.acquire(blocking=wait):
             return []
+        try:
+            if self._egress is None or not self._egress_attached:
+                return []
+            return self._detach_egress_locked()
+        finally:
+            self._detach_lock.release()
+
+    def _detach_egress_locked(self) -> list[str]:
+        assert self._egress is not None
         errors: list[str] = []
         self._poller_stop.set()
         if self._poller is not None and self._poller is not threading.current_thread():

@@ -292,3 +292,147 @@ def test_nft_egress_reads_the_lease_of_the_guest_mac(tmp_path: Path) -> None:
     assert egress.leased_ip(sid) is None  # another MAC's lease does not count
     leases.write_text("1796000000 52:54:00:aa:bb:cc 10.213.0.6 debian *\n")
     assert egress.leased_ip(sid) == "10.213.0.6"
+
+
+def test_a_warm_egress_session_keeps_its_own_start_state(tmp_path: Path) -> None:
+    """The clone restores from the session's own hard links to the saved state, so its
+    overlay never backs onto the pool's files: the pool may drop them (image changed,
+    template rebuilt in place, server stopping) under a live session."""
+    sessions = tmp_path / "sessions"
+    hv, egress = FakeHypervisor(sessions_dir=sessions), FakeEgress()
+    m = manager(tmp_path, hv, egress)
+    m.start_pool()
+    try:
+        assert m.pool is not None and m.pool.wait_full(5)
+        session = create(m, egress=POLICY_A)
+        assert session.start_kind == "warm"
+        kept = sessions / session.id / "start" / "state.save"
+        assert hv.domains[session.id].restored_from == kept
+        m.close_pool()  # the pool's files go (as at a rebuild of the template)
+        assert not (tmp_path / "pool" / "serve-1").exists()
+        assert kept.is_file() and session.state == "ready"
+        m.delete(session.id)
+        assert not (sessions / session.id).exists()
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {} and egress._sessions == {}
+
+
+def _block(hv: FakeHypervisor, step: str, *, fail: bool = False):
+    """Make ``hv.<step>`` wait for ``go`` (set by the test) once it was called (``entered``);
+    with ``fail`` it then raises instead of doing its work."""
+    import threading
+
+    entered, go = threading.Event(), threading.Event()
+    real = getattr(hv, step)
+
+    def blocked(*args, **kw):
+        entered.set()
+        assert go.wait(10)
+        if fail:
+            raise HypervisorError(f"injected failure in {step}")
+        return real(*args, **kw)
+
+    setattr(hv, step, blocked)
+    return entered, go
+
+
+@pytest.mark.parametrize(
+    ("step", "fail"), [("restore", False), ("restore", True), ("start", False)]
+)
+def test_a_close_during_the_start_leaves_nothing(tmp_path: Path, step: str, fail: bool) -> None:
+    """A session closed (DELETE, TTL) while its warm egress restore (which then succeeds,
+    or fails) or its cold boot runs, its network's detach still under way: what the step
+    makes after close's teardown destroyed the domain is destroyed too, and a closed
+    session never falls back to a cold boot (before: the restored or booted domain stayed
+    running, with no network, until the next sweep reaped it)."""
+    import threading
+
+    from orchestrator.errors import SessionClosed
+
+    hv, egress = FakeHypervisor(sessions_dir=tmp_path / "sessions"), FakeEgress()
+    m = manager(tmp_path, hv, egress)
+    if step == "restore":
+        m.start_pool()
+        assert m.pool is not None and m.pool.wait_full(5)
+    entered, go = _block(hv, step, fail=fail)
+    started: list = []
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            create(m, egress=POLICY_A, on_started=started.append)
+            outcome.append(None)
+        except BaseException as exc:  # the test looks at it
+            outcome.append(exc)
+
+    creating = threading.Thread(target=run)
+    detaching = threading.Event()
+    real_detach = egress.detach
+
+    def slow_detach(session_id: str) -> None:  # close's detach ends after the start did
+        detaching.set()
+        creating.join(5)
+        real_detach(session_id)
+
+    egress.detach = slow_detach  # type: ignore[method-assign]
+    creating.start()
+    try:
+        assert entered.wait(10)
+        (session,) = started
+        closing = threading.Thread(target=m.delete, args=(session.id,))
+        closing.start()  # close's teardown: the domain (none yet) destroyed, then detach
+        assert detaching.wait(10)
+        go.set()
+        creating.join(10)
+        closing.join(10)
+        assert not creating.is_alive() and not closing.is_alive()
+        assert isinstance(outcome[0], SessionClosed), outcome
+        assert hv.domains == {}, "a domain was left running"
+        assert egress._sessions == {}
+        if step == "restore":
+            assert session.id not in hv.started  # no cold boot for a closed session
+        assert not (tmp_path / "sessions" / session.id).exists()
+    finally:
+        go.set()
+        creating.join(10)
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {} and egress._sessions == {}
+
+
+def test_a_guest_that_misses_the_first_link_flap_gets_a_second(tmp_path: Path) -> None:
+    """No lease soon after the link came up (the guest handled the carrier loss too late
+    to see it): the link goes down again, longer, and the guest leases then."""
+    hv, egress = FakeHypervisor(), FakeEgress()
+    m = manager(tmp_path, hv, egress, clock=FakeClock())
+    m.start_pool()
+    try:
+        assert m.pool is not None and m.pool.wait_full(5)
+        egress.auto_lease = False
+        real_restore = hv.restore
+
+        def restore(spec, state, **kw):
+            domain = real_restore(spec, state, **kw)
+            real_set_link = domain.set_link
+
+            def set_link(up: bool) -> None:
+                real_set_link(up)
+                if domain.links == [False, True, False, True]:
+                    egress.lease(spec.session_id)  # the second flap is seen
+
+            domain.set_link = set_link  # type: ignore[method-assign]
+            return domain
+
+        hv.restore = restore  # type: ignore[method-assign]
+        session = create(m, egress=POLICY_A)
+        assert session.start_kind == "warm", events(session, "lifecycle")
+        assert hv.domains[session.id].links == [False, True, False, True]
+        assert {"link_s", "relink_s", "lease_s"} <= set(session.start_phases_s)
+        net = [e["event"] for e in events(session, "network") if "event" in e]
+        assert net.index("relink") < net.index("leased")
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {} and egress._sessions == {}

@@ -253,10 +253,13 @@ class Hypervisor(Protocol):
         ...
 
     def keep_state(self, session_id: str, state: SavedState) -> SavedState:
-        """Give the running session its own reference to ``state`` (its start state).
+        """Give the session its own reference to ``state`` (its start state).
 
         The files are hard links in the session's directory: they outlive the pool's
-        template and go with the session.
+        template and go with the session (:meth:`destroy` removes them). Called for a
+        running session (a claimed warm desktop), or before the session's :meth:`restore`
+        (which then takes the returned state: the clone's overlay backs onto the
+        session's own copy, whatever becomes of the pool's files).
 
         Raises:
             HypervisorError: the links could not be made.

@@ -9,6 +9,8 @@ Failures can be injected per lifecycle step.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -137,6 +139,9 @@ class FakeHypervisor:
             8.1+ host); ``False`` models this project's QEMU 7.2 host.
         boot_screens: screendumps of each new domain that show a 720x400 boot console
             before the desktop (see :class:`~orchestrator.display.fake.FakeDisplay`).
+        sessions_dir: where :meth:`keep_state` links a session's start state
+            (``<dir>/<id>/start``, removed by :meth:`destroy`), as the real one does;
+            ``None``: :meth:`keep_state` hands back the state it was given.
 
     Attributes:
         domains: running fake domains by session id.
@@ -145,9 +150,15 @@ class FakeHypervisor:
     """
 
     def __init__(
-        self, *, accel: Accel = "tcg", horizontal_wheel: bool = True, boot_screens: int = 0
+        self,
+        *,
+        accel: Accel = "tcg",
+        horizontal_wheel: bool = True,
+        boot_screens: int = 0,
+        sessions_dir: Path | None = None,
     ) -> None:
         self._accel: Accel = accel
+        self._sessions_dir = sessions_dir
         self._horizontal_wheel = horizontal_wheel
         self._boot_screens = boot_screens
         self.domains: dict[str, FakeDomain] = {}
@@ -208,6 +219,8 @@ class FakeHypervisor:
             domain = self.domains.pop(session_id, None)
             if domain is not None:
                 domain.running = False
+            if self._sessions_dir is not None:
+                shutil.rmtree(self._sessions_dir / session_id, ignore_errors=True)
 
     def list_sessions(self) -> set[str]:
         with self._lock:
@@ -273,7 +286,18 @@ class FakeHypervisor:
             return domain
 
     def keep_state(self, session_id: str, state: SavedState) -> SavedState:
-        return state
+        if self._sessions_dir is None:
+            return state
+        kept = SavedState(self._sessions_dir / session_id / "start", state.disk_cap_mib)
+        try:
+            kept.root.mkdir(parents=True)
+            os.link(state.state_file, kept.state_file)
+            if state.disk.exists():
+                os.link(state.disk, kept.disk)
+        except OSError as exc:
+            shutil.rmtree(kept.root.parent, ignore_errors=True)
+            raise HypervisorError(f"cannot keep the start state of {session_id}: {exc}") from exc
+        return kept
 
     def reset(self, spec: SessionSpec, state: SavedState) -> FakeDomain:
         with self._lock:

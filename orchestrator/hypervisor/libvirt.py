@@ -631,11 +631,15 @@ class LibvirtHypervisor:
         return self._restore(spec, state, cpu_weight=cpu_weight, fresh=True, paused=paused, nic=nic)
 
     def keep_state(self, session_id: str, state: SavedState) -> SavedState:
-        """See :meth:`Hypervisor.keep_state` (hard links under ``<session>/start``)."""
-        kept = SavedState(
-            root=self._paths(session_id).root / "start", disk_cap_mib=state.disk_cap_mib
-        )
+        """See :meth:`Hypervisor.keep_state` (hard links under ``<session>/start``; the
+        session directory is made, with this instance's marker, when it does not exist)."""
+        root = self._paths(session_id).root
+        kept = SavedState(root=root / "start", disk_cap_mib=state.disk_cap_mib)
         try:
+            if not root.is_dir():
+                self._sessions_dir.mkdir(parents=True, exist_ok=True)
+                root.mkdir(mode=0o711)
+                (root / "instance").write_text(self.instance_id)
             kept.root.mkdir(mode=0o711)
             os.link(state.state_file, kept.state_file)
             os.link(state.disk, kept.disk)
@@ -717,7 +721,9 @@ class LibvirtHypervisor:
         try:
             if fresh:
                 self._sessions_dir.mkdir(parents=True, exist_ok=True)
-                paths.root.mkdir(mode=0o711)
+                # The one thing a fresh session's directory may hold already: its own copy
+                # of the state (keep_state before the restore, a warm start with egress).
+                paths.root.mkdir(mode=0o711, exist_ok=state.root == paths.root / "start")
                 (paths.root / "instance").write_text(self.instance_id)
             subprocess.run(
                 [

@@ -8,7 +8,9 @@ guest's link is taken down and up, and the guest leases the session's address. T
 from inside each guest: its allowed page is fetched from the egress test world's server,
 the other session's allowed target is refused, and 32 bytes of ``/dev/urandom`` differ
 between the two. ``GET /v1/sessions/{id}/network`` of each shows its own decisions only.
-Nothing of the sessions or the pool is left at the end.
+The pool's files are removed (as when its template is rebuilt) once both sessions run:
+each overlay's backing chain names the session's own copy of the saved state, and the
+guests work on. Nothing of the sessions or the pool is left at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +31,7 @@ import pytest
 from agent_bridge.client import Client
 from agent_bridge.runtime import BackgroundServer, build_manager
 from agent_bridge.server import create_app
+from orchestrator.hypervisor.base import SessionPaths
 from orchestrator.settings import Settings
 from orchestrator.spec import EgressPolicy, new_session_id
 from tests.vm.conftest import window_box
@@ -73,6 +77,18 @@ def _results(session: Any, tag: str, timeout_s: float) -> dict[str, str]:
     return results
 
 
+def _backing_chain(sessions_dir: Path, session_id: str) -> list[str]:
+    """The files of the session overlay's backing chain, overlay first (``qemu-img``
+    opens each by its name: one that is gone fails)."""
+    overlay = SessionPaths.under(sessions_dir, session_id).overlay
+    out = subprocess.run(
+        ["qemu-img", "info", "-U", "--backing-chain", "--output=json", str(overlay)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, f"the backing chain of {overlay} is broken: {out.stderr}"
+    return [image["filename"] for image in json.loads(out.stdout)]
+
+
 def _domain_xml(session_id: str) -> str:
     conn = libvirt.open("qemu:///system")
     try:
@@ -105,6 +121,7 @@ def test_two_warm_egress_sessions_are_their_own(world: World) -> None:
     results: list[dict[str, str]] = []
     decisions: list[list[dict[str, Any]]] = []
     xmls: list[str] = []
+    chains: list[list[str]] = []
     placeholder = ""
     try:
         app = create_app(manager, token=token, settings=settings)
@@ -130,6 +147,10 @@ def test_two_warm_egress_sessions_are_their_own(world: World) -> None:
                 )
                 infos.append(info)
                 xmls.append(_domain_xml(session.id))
+            # The pool's files go (as when its template is rebuilt) under the live clones:
+            # each one's overlay backs onto its session's own links to the saved state.
+            manager.close_pool()
+            chains = [_backing_chain(settings.sessions_dir, s.id) for s in sessions]
             for n, session in enumerate(sessions):
                 tag = f"W{n}" + secrets.token_hex(3)
                 x0, y0, x1, y1 = window_box(session.screenshot().image())
@@ -157,6 +178,9 @@ def test_two_warm_egress_sessions_are_their_own(world: World) -> None:
 
     a, b = infos
     assert a["start"] == "warm" and b["start"] == "warm", (a, b)
+    for info, chain in zip(infos, chains, strict=True):
+        own = settings.sessions_dir / info["id"]
+        assert chain[1] == str(own / "start" / "disk.qcow2"), chain
     for info in infos:
         assert {"claim_s", "egress_s", "restore_s", "link_s", "lease_s", "ready_s"} <= set(
             info["start_phases_s"]
