@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from orchestrator.errors import ConfigError, DeskvmError
+from orchestrator.interrupt import Interrupted, interruptible
 from orchestrator.settings import DEFAULT_STATE_DIR, Settings
 
 __all__ = ["app", "main"]
@@ -124,7 +125,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _errors(func: F) -> F:
-    """Turn deskvm errors into one clear line and exit code 1 (Ctrl-C: exit 130)."""
+    """Turn deskvm errors into one clear line and exit code 1; a stop signal (Ctrl-C,
+    SIGTERM, SIGHUP: see :func:`main`) into one line and exit code 128 + signal."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -133,9 +135,12 @@ def _errors(func: F) -> F:
         except DeskvmError as exc:
             console.print(f"[bold red]error[/] ({exc.code}): {exc.message}")
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            console.print("[yellow]interrupted; everything started was torn down[/]")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:
+            name, code = "SIGINT", 130
+            if isinstance(exc, Interrupted):
+                name, code = exc.signal_name, exc.exit_code
+            console.print(f"[yellow]interrupted ({name}); everything started was torn down[/]")
+            raise typer.Exit(code) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -1544,8 +1549,12 @@ def task_run(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    with contextlib.suppress(BrokenPipeError):
+    """Console-script entry point.
+
+    SIGTERM and SIGHUP stop a command as Ctrl-C does (:mod:`orchestrator.interrupt`): what
+    it started (VMs, build tools, temporary files) is torn down before it exits.
+    """
+    with contextlib.suppress(BrokenPipeError), interruptible():
         app()
     sys.stdout.flush()
 

@@ -57,6 +57,7 @@ from pathlib import Path
 
 from agent_bridge.runtime import build_manager
 from orchestrator.hypervisor.base import SessionPaths
+from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
 from orchestrator.spec import BootImage, DisplaySpec
 from vm_images import find_image
@@ -155,12 +156,13 @@ def boot_once(settings: Settings, image: BootImage, variant: str, extra: str, ar
         watcher.append(w)
 
     display = DisplaySpec(width_px=args.width, height_px=args.height)
-    session = manager.create(
-        image=image.name, display=display, boot_timeout_s=180, on_started=started
-    )
-    total_s = time.monotonic() - t0
-    (w,) = watcher
-    try:
+    session = None
+    try:  # a stop signal anywhere in here ends the VM (run_main: SIGINT, SIGTERM, SIGHUP)
+        session = manager.create(
+            image=image.name, display=display, boot_timeout_s=180, on_started=started
+        )
+        total_s = time.monotonic() - t0
+        (w,) = watcher
         # The counters come once the desktop is ready; wait for their end (or give up).
         deadline = time.monotonic() + args.stats_timeout
         while time.monotonic() < deadline and not any(
@@ -169,9 +171,11 @@ def boot_once(settings: Settings, image: BootImage, variant: str, extra: str, ar
             time.sleep(0.2)
         time.sleep(0.1)
     finally:
-        w.stop.set()
-        w.join()
-        session.close(reason="bench boot")
+        for w in watcher:
+            w.stop.set()
+            w.join()
+        if session is not None:
+            session.close(reason="bench boot")
     log = settings.state_dir / f"console-{variant}-{session.id}.log"
     log.write_text("".join(f"{t:8.3f} {line}\n" for t, line in w.console_lines))
     return analyse(variant, total_s, session.start_phases_s, w, args)
@@ -382,4 +386,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

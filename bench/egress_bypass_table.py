@@ -16,6 +16,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "egress")]
 
 from egress_world import World, leftovers, print_table, run_bypass_table  # noqa: E402
 
+from orchestrator.interrupt import run_main  # noqa: E402
+
 
 def main() -> int:
     world = World()
@@ -36,4 +38,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -23,6 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "egress")]
 from egress_world import World, leftovers  # noqa: E402
 
 from agent_bridge.runtime import build_manager  # noqa: E402
+from orchestrator.interrupt import run_main  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 from orchestrator.spec import DisplaySpec, EgressPolicy  # noqa: E402
 
@@ -55,6 +56,8 @@ def main() -> int:
     egress: list[float] = []
     attach: list[float] = []
     lease: list[float] = []
+    errors: list[str] = []
+    manager = None
     try:
         world.open()
         manager = build_manager(settings, egress=world.egress)
@@ -86,7 +89,9 @@ def main() -> int:
                 finally:
                     manager.delete(session.id)
     finally:
-        errors = world.close()
+        if manager is not None:  # a session a signal (run_main) left between create and try
+            errors = manager.close_all(reason="bench ended")
+        errors += world.close()
     print(f"median create without policy: {statistics.median(plain):.1f} s  ({plain})")
     print(f"median create with policy:    {statistics.median(egress):.1f} s  ({egress})")
     added = statistics.median(egress) - statistics.median(plain)
@@ -100,4 +105,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

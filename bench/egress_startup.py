@@ -18,6 +18,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "egress")]
 
 from egress_world import POLICY, World, leftovers  # noqa: E402
 
+from orchestrator.interrupt import run_main  # noqa: E402
 from orchestrator.spec import new_session_id  # noqa: E402
 
 
@@ -71,4 +72,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -26,6 +26,7 @@ from typing import Any
 from agent_bridge.client import Client, Session
 from agent_bridge.runtime import BackgroundServer, build_manager
 from agent_bridge.server import create_app
+from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
 
 
@@ -79,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -48,6 +48,7 @@ from agent_bridge.runtime import BackgroundServer, resolve_accel
 from agent_bridge.server import create_app
 from orchestrator.hypervisor.domain_xml import domain_name
 from orchestrator.hypervisor.libvirt import LibvirtHypervisor
+from orchestrator.interrupt import run_main
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
 from vm_images import find_image
@@ -200,4 +201,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -47,6 +47,7 @@ from agent_bridge.server import create_app
 from orchestrator.display.qmp import QmpDisplay
 from orchestrator.hypervisor.libvirt import LibvirtHypervisor
 from orchestrator.input_plan import Pacing
+from orchestrator.interrupt import run_main
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
 from vm_images import find_image
@@ -162,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -27,6 +27,7 @@ from agent_bridge.qa.match import Reference, changed, find, similarity
 from agent_bridge.qa.model import Box
 from agent_bridge.qa.ocr import read_words
 from agent_bridge.qa.refs import RefStore
+from orchestrator.interrupt import run_main
 
 REFS = Path(__file__).resolve().parents[1] / "examples" / "qa" / "refs"
 
@@ -72,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -33,6 +33,7 @@ from PIL import Image, ImageDraw
 
 from agent_bridge.viewer import timeline
 from orchestrator.clock import FakeClock
+from orchestrator.interrupt import run_main
 from orchestrator.recorder import FileRecorder
 from orchestrator.replay import Recording
 from orchestrator.video import _CACHE, pixel_hash
@@ -234,4 +235,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -31,6 +31,7 @@ from agent_bridge.tokens import TokenAuthority  # noqa: E402
 from orchestrator.approval import ApprovalPolicy  # noqa: E402
 from orchestrator.hypervisor.fake import FakeHypervisor  # noqa: E402
 from orchestrator.input_plan import Pacing  # noqa: E402
+from orchestrator.interrupt import run_main  # noqa: E402
 from orchestrator.manager import SessionManager  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 from orchestrator.spec import BootImage  # noqa: E402
@@ -137,4 +138,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

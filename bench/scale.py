@@ -40,6 +40,7 @@ from agent_bridge.cluster.bridge import create_cluster_app
 from agent_bridge.cluster.capacity import node_capacity
 from agent_bridge.cluster.local import LocalCluster
 from agent_bridge.runtime import BackgroundServer
+from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
 
 IMAGE = "bench-desktop"
@@ -222,4 +223,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

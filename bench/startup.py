@@ -42,6 +42,7 @@ from agent_bridge.client import Client
 from agent_bridge.runtime import BackgroundServer, build_manager
 from agent_bridge.server import create_app
 from orchestrator.hypervisor.domain_xml import domain_name
+from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
 
 GIB_24_MIB = 24 * 1024
@@ -230,4 +231,4 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -38,6 +38,7 @@ from typing import Any
 from agent_bridge.client import Client, Session
 from agent_bridge.runtime import BackgroundServer, build_manager
 from agent_bridge.server import create_app
+from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
 
 W, H = 1280, 800
@@ -330,4 +331,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,6 +22,7 @@ import time
 from agent_bridge.client import Client
 from agent_bridge.runtime import BackgroundServer, build_manager
 from agent_bridge.server import create_app
+from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
 
 
@@ -101,4 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -33,6 +33,7 @@ from egress_world import World, leftovers  # noqa: E402
 
 from agent_bridge.runtime import build_manager  # noqa: E402
 from orchestrator import session as session_module  # noqa: E402
+from orchestrator.interrupt import run_main  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 from orchestrator.spec import DisplaySpec, EgressPolicy  # noqa: E402
 
@@ -68,6 +69,7 @@ def main() -> int:
     cold: list[float] = []
     fell_back = 0
     errors: list[str] = []
+    manager = None
     try:
         world.open()
         manager = build_manager(settings, egress=world.egress)
@@ -100,9 +102,12 @@ def main() -> int:
             took, kind, phases = _create(manager, settings.default_image)
             cold.append(took)
             print(f"cold {i + 1}: create {took:.2f} s ({kind}) {phases}", flush=True)
-        manager.hypervisor.close()  # type: ignore[attr-defined]
     finally:
-        errors = world.close()
+        if manager is not None:  # also when stopped by a signal (run_main) mid-run
+            errors = manager.close_all(reason="bench ended")
+            manager.close_pool()
+            manager.hypervisor.close()  # type: ignore[attr-defined]
+        errors += world.close()
     for down_s, times in warm.items():
         if times:
             print(
@@ -122,4 +127,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_bridge.client import Client, RemoteError, Session
+from orchestrator.interrupt import run_main
 
 TOOL_VERSION = "computer_20250124"
 BETA = "computer-use-2025-01-24"
@@ -123,4 +124,4 @@ def _client_size(session: Session, max_long_edge: int | None) -> tuple[int, int]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_bridge.client import Client, RemoteError, Session
+from orchestrator.interrupt import run_main
 
 Model = Callable[[list[dict[str, Any]], str | None], dict[str, Any]]
 """``model(input_items, previous_response_id) -> {"id", "output": [items...]}``."""
@@ -124,4 +125,4 @@ def main() -> int:  # pragma: no cover
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

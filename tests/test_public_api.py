@@ -18,6 +18,7 @@ MODULES = [
     "orchestrator.session",
     "orchestrator.manager",
     "orchestrator.input_plan",
+    "orchestrator.interrupt",
     "orchestrator.host",
     "orchestrator.display.base",
     "orchestrator.display.fake",

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import HostSetupError, ImageBuildError
+from orchestrator.interrupt import stop_process_group
 from orchestrator.spec import BootImage
 from vm_images.bootfiles import INITRD_DIR, deskvm_initrd, pvh_vmlinux
 from vm_images.recipe import (
@@ -81,6 +82,7 @@ ProgressCallback = Callable[[str, float], None]
 
 _MIB = 1024 * 1024
 _TAIL_LINES = 60
+_STOP_GRACE_S = 30.0  # an interrupted build tool's time to clean up (mmdebstrap: unmount)
 _TOOLS = ("mmdebstrap", "mkfs.ext4", "qemu-img", "chroot")
 
 # mmdebstrap --verbose progress lines -> (phase, overall fraction when they appear).
@@ -576,7 +578,7 @@ def _run(cmd: list[str], on_line: Callable[[str], None] | None = None) -> str:
     try:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, text=True, errors="replace",
+            env=env, text=True, errors="replace", start_new_session=True,
         )  # fmt: skip
     except OSError as exc:
         raise ImageBuildError(f"cannot run {cmd[0]}: {exc}") from exc
@@ -590,12 +592,8 @@ def _run(cmd: list[str], on_line: Callable[[str], None] | None = None) -> str:
                 on_line(line)
         returncode = proc.wait()
     except BaseException:
-        proc.terminate()
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # The tool's children (apt, dpkg, maintainer scripts) go with it: its own group.
+        stop_process_group(proc, grace_s=_STOP_GRACE_S)
         raise
     if returncode != 0:
         output = "\n".join(tail)

@@ -5,7 +5,7 @@
   the cluster's credentials, the app.
 * :func:`run_node` — a VM host joins: starts its raylet (``ray start --block`` as a child
   process, declaring the host's resources and labels), starts its NodeAgent, waits, and on
-  Ctrl-C/SIGTERM drains (sessions closed, recordings shipped), leaves and stops the raylet.
+  Ctrl-C/SIGTERM/SIGHUP drains (sessions closed, recordings shipped), leaves and stops the raylet.
   If the raylet dies under it, every domain this node owns is destroyed before it exits.
 """
 
@@ -33,6 +33,7 @@ from agent_bridge.cluster.capacity import node_capacity as derive_capacity
 from agent_bridge.cluster.node import NodeConfig, start_node_agent
 from agent_bridge.cluster.registry import NAMESPACE, ensure_registry
 from orchestrator.errors import ConfigError, HostSetupError
+from orchestrator.interrupt import STOP_SIGNALS
 from orchestrator.settings import Settings
 
 __all__ = ["built_images", "connect", "host_capacity", "run_node", "serve_cluster"]
@@ -202,9 +203,7 @@ def run_node(
     """
     node_ip = _node_ip_for(address, node_ip)
     stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
     command = _ray_start_command(address, capacity, node_ip)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": os.environ.get("RAY_USAGE_STATS_ENABLED", "0")}
     log_path = settings.state_dir / "ray-node.log"

@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from types import FrameType
 
 import anyio.to_thread
@@ -43,6 +43,7 @@ from agent_bridge.tokens import TokenAuthority
 from agent_bridge.viewer import assets_router
 from orchestrator.approval import ApprovalDesk
 from orchestrator.errors import ConfigError, DeskvmError
+from orchestrator.interrupt import STOP_SIGNALS
 from orchestrator.manager import SessionManager
 from orchestrator.settings import Settings
 
@@ -255,6 +256,25 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.exit_signals.append(sig)
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, for SIGHUP too (a closed terminal stops the server as SIGTERM does).
+
+        After the shutdown the first signal caught is raised again with the previous
+        handlers in place, as uvicorn does.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.exit_signals:
+            signal.raise_signal(self.exit_signals[0])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         app = self.config.app

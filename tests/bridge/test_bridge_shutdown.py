@@ -1,6 +1,6 @@
 """A server shutdown answers every request in flight with the JSON error shape.
 
-Ctrl-C (SIGINT) to a real server process while a ``POST /v1/sessions`` boots: the session
+Ctrl-C (SIGINT) or SIGHUP to a real server process while a ``POST /v1/sessions`` boots: the session
 is ended and the create answers 503 ``server_shutting_down`` (it was uvicorn's plain-text
 500 after the graceful timeout). Any other request still running when the graceful
 timeout ends answers the same JSON shape.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 from fastapi import FastAPI
 
 from agent_bridge.server import create_app
@@ -75,7 +76,16 @@ def _wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore
         time.sleep(0.05)
 
 
-def test_ctrl_c_while_a_session_boots_answers_json_503(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "exit_code"),
+    # SIGHUP (a closed terminal) stops the server as Ctrl-C does, then ends the process as
+    # the signal does by default.
+    [(signal.SIGINT, 130), (signal.SIGHUP, -signal.SIGHUP)],
+    ids=["SIGINT", "SIGHUP"],
+)
+def test_a_stop_signal_while_a_session_boots_answers_json_503(
+    tmp_path: Path, sig: signal.Signals, exit_code: int
+) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
@@ -108,10 +118,10 @@ def test_ctrl_c_while_a_session_boots_answers_json_503(tmp_path: Path) -> None:
 
         _wait_until(booting, 10, "the session to boot")
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         create.join(30)
         output = proc.communicate(timeout=30)[0]
-        assert proc.returncode == 130, output
+        assert proc.returncode == exit_code, output
         assert "Exception in ASGI application" not in output, output
         # The boot was ended at once, not after uvicorn's 10 s graceful timeout.
         assert time.monotonic() - t0 < 8, output
