@@ -42,11 +42,9 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
-from websockets.typing import Subprotocol
+from websockets.exceptions import ConnectionClosed
 
 from agent_bridge.client import (
-    _MAX_REPLY_BYTES,
     ActReply,
     BridgeConnectionError,
     ButtonName,
@@ -56,8 +54,11 @@ from agent_bridge.client import (
     Screenshot,
     SessionInfo,
     StreamFrame,
+    _BridgeClient,
     _closed,
+    _http_errors,
     _raise_for_error,
+    _ws_errors,
     a11y_message,
     act_reply,
     create_body,
@@ -81,7 +82,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncClient", "AsyncFrameStream", "AsyncSession"]
 
 
-class AsyncClient:
+class AsyncClient(_BridgeClient):
     """Asyncio REST client of one bridge server (see :class:`agent_bridge.client.Client`).
 
     Args:
@@ -101,18 +102,8 @@ class AsyncClient:
         timeout_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._token = token
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-            transport=transport,
-        )
-
-    def __repr__(self) -> str:  # never show the token
-        return f"AsyncClient({self.url!r})"
+        super().__init__(url, token, timeout_s=timeout_s)
+        self._http = httpx.AsyncClient(**self._http_options(), transport=transport)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -132,17 +123,10 @@ class AsyncClient:
     async def _request(
         self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
     ) -> httpx.Response:
-        try:
+        with _http_errors(method, path):
             response = await self._http.request(
-                method,
-                path,
-                timeout=timeout_s if timeout_s is not None else self.timeout_s,
-                **kwargs,
+                method, path, timeout=self._call_timeout_s(timeout_s), **kwargs
             )
-        except httpx.TimeoutException as exc:
-            raise BridgeConnectionError(f"{method} {path}: timed out ({exc})") from exc
-        except httpx.HTTPError as exc:
-            raise BridgeConnectionError(f"{method} {path}: {exc}") from exc
         _raise_for_error(response)
         return response
 
@@ -278,25 +262,8 @@ class AsyncClient:
 
     async def _open_ws(self, url: str, stack: AsyncExitStack) -> ClientConnection:
         """Open a WebSocket whose lifetime ``stack`` manages."""
-        ws_url = url.split("?", 1)[0]
-        try:
-            return await stack.enter_async_context(
-                connect(
-                    url,
-                    additional_headers={"Authorization": f"Bearer {self._token}"},
-                    subprotocols=[Subprotocol("deskvm.v1")],
-                    open_timeout=self.timeout_s,
-                    max_size=_MAX_REPLY_BYTES,
-                )
-            )
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            raise BridgeConnectionError(
-                f"WebSocket handshake to {ws_url} refused with HTTP {status}"
-                + (" (wrong token?)" if status in (401, 403) else "")
-            ) from exc
-        except (InvalidHandshake, OSError, TimeoutError) as exc:
-            raise BridgeConnectionError(f"cannot open WebSocket {ws_url}: {exc}") from exc
+        with _ws_errors(url):
+            return await stack.enter_async_context(connect(url, **self._ws_options()))
 
 
 class AsyncSession(AsyncVisualChecks):

@@ -565,7 +565,67 @@ def _raise_for_error(response: httpx.Response) -> None:
     raise RemoteError(code, message, status=response.status_code, body=error)
 
 
-class Client:
+@contextlib.contextmanager
+def _http_errors(method: str, path: str) -> Iterator[None]:
+    """Translate httpx's transport errors of one REST call into :class:`BridgeConnectionError`."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise BridgeConnectionError(f"{method} {path}: timed out ({exc})") from exc
+    except httpx.HTTPError as exc:
+        raise BridgeConnectionError(f"{method} {path}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _ws_errors(url: str) -> Iterator[None]:
+    """Translate a failed WebSocket opening handshake into :class:`BridgeConnectionError`."""
+    ws_url = url.split("?", 1)[0]  # the query may carry a token: never in a message
+    try:
+        yield
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        raise BridgeConnectionError(
+            f"WebSocket handshake to {ws_url} refused with HTTP {status}"
+            + (" (wrong token?)" if status in (401, 403) else "")
+        ) from exc
+    except (InvalidHandshake, OSError, TimeoutError) as exc:
+        raise BridgeConnectionError(f"cannot open WebSocket {ws_url}: {exc}") from exc
+
+
+class _BridgeClient:
+    """What :class:`Client` and :class:`~agent_bridge.async_client.AsyncClient` share: the
+    server, the token, the timeout and the options their HTTP and WebSocket calls take."""
+
+    def __init__(self, url: str, token: str, *, timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._token = token
+
+    def __repr__(self) -> str:  # never show the token
+        return f"{type(self).__name__}({self.url!r})"
+
+    def _http_options(self) -> dict[str, Any]:
+        """The httpx client's options: base URL, bearer token, default timeout."""
+        return {
+            "base_url": self.url,
+            "headers": {"Authorization": f"Bearer {self._token}"},
+            "timeout": self.timeout_s,
+        }
+
+    def _call_timeout_s(self, timeout_s: float | None) -> float:
+        return timeout_s if timeout_s is not None else self.timeout_s
+
+    def _ws_options(self) -> dict[str, Any]:
+        """``websockets`` ``connect`` options: bearer token, subprotocol, timeout, size cap."""
+        return {
+            "additional_headers": {"Authorization": f"Bearer {self._token}"},
+            "subprotocols": [Subprotocol("deskvm.v1")],
+            "open_timeout": self.timeout_s,
+            "max_size": _MAX_REPLY_BYTES,
+        }
+
+
+class Client(_BridgeClient):
     """REST client of one bridge server.
 
     Args:
@@ -584,18 +644,8 @@ class Client:
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._token = token
-        self._http = httpx.Client(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-            transport=transport,
-        )
-
-    def __repr__(self) -> str:  # never show the token
-        return f"Client({self.url!r})"
+        super().__init__(url, token, timeout_s=timeout_s)
+        self._http = httpx.Client(**self._http_options(), transport=transport)
 
     def __enter__(self) -> Client:
         return self
@@ -615,17 +665,10 @@ class Client:
     def _request(
         self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
     ) -> httpx.Response:
-        try:
+        with _http_errors(method, path):
             response = self._http.request(
-                method,
-                path,
-                timeout=timeout_s if timeout_s is not None else self.timeout_s,
-                **kwargs,
+                method, path, timeout=self._call_timeout_s(timeout_s), **kwargs
             )
-        except httpx.TimeoutException as exc:
-            raise BridgeConnectionError(f"{method} {path}: timed out ({exc})") from exc
-        except httpx.HTTPError as exc:
-            raise BridgeConnectionError(f"{method} {path}: {exc}") from exc
         _raise_for_error(response)
         return response
 
@@ -817,25 +860,9 @@ class Client:
         return self._open_ws(socket_url(ws_url, schema, query), stack)
 
     def _open_ws(self, url: str, stack: ExitStack) -> ClientConnection:
-        ws_url = url.split("?", 1)[0]
-        try:
-            return stack.enter_context(
-                connect(
-                    url,
-                    additional_headers={"Authorization": f"Bearer {self._token}"},
-                    subprotocols=[Subprotocol("deskvm.v1")],
-                    open_timeout=self.timeout_s,
-                    max_size=_MAX_REPLY_BYTES,
-                )
-            )
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            raise BridgeConnectionError(
-                f"WebSocket handshake to {ws_url} refused with HTTP {status}"
-                + (" (wrong token?)" if status in (401, 403) else "")
-            ) from exc
-        except (InvalidHandshake, OSError, TimeoutError) as exc:
-            raise BridgeConnectionError(f"cannot open WebSocket {ws_url}: {exc}") from exc
+        with _ws_errors(url):
+            ws: ClientConnection = stack.enter_context(connect(url, **self._ws_options()))
+        return ws
 
 
 class FrameStream:

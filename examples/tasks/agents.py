@@ -54,6 +54,18 @@ def _open_url(url: str) -> str:
     )
 
 
+def _edit_note(key: str, text: str) -> list[Any]:
+    """Mousepad, once drawn, in OSWorld's computer_13: ctrl+``key`` (``"end"``: to the end of
+    the text), type ``text``, save."""
+    return [
+        LOOK,
+        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", key]}},
+        {"action_type": "TYPING", "parameters": {"text": text}},
+        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}},
+        "time.sleep(2)",
+    ]
+
+
 SOLUTIONS: dict[str, list[Any]] = {
     "~/hello.txt": [
         # OSWorld's computer_13 vocabulary.
@@ -84,14 +96,7 @@ SOLUTIONS: dict[str, list[Any]] = {
     "sales.xlsx": [_typed("mkdir ~/backup && cp ~/sales.xlsx ~/backup/")],
     # The full image's applications.
     "budget.xlsx": [LOOK, _calc_total("=SUM(B2:B4)")],
-    "~/note.txt": [
-        LOOK,
-        # OSWorld's computer_13: to the end of the text, the line, save.
-        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "end"]}},
-        {"action_type": "TYPING", "parameters": {"text": "checked by deskvm"}},
-        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}},
-        "time.sleep(2)",
-    ],
+    "~/note.txt": _edit_note("end", "checked by deskvm"),
     "allowed.test/colour": [LOOK, _open_url("http://allowed.test/colour/3A7BC8")],
 }
 
@@ -107,14 +112,7 @@ MISTAKES: dict[str, list[Any]] = {
     "notes-window": [_typed("true")],
     "sales.xlsx": [_typed("mkdir ~/backup && echo sales > ~/backup/sales.xlsx")],
     "budget.xlsx": [LOOK, _calc_total("=SUM(B2:B3)")],  # one amount short
-    "~/note.txt": [
-        LOOK,
-        # At the start of the file instead of the end.
-        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "home"]}},
-        {"action_type": "TYPING", "parameters": {"text": "checked by deskvm\n"}},
-        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}},
-        "time.sleep(2)",
-    ],
+    "~/note.txt": _edit_note("home", "checked by deskvm\n"),  # at the start, not the end
     "allowed.test/colour": [LOOK, _open_url("http://allowed.test/colour/3A7BC9")],  # a typo
 }
 
