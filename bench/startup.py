@@ -16,14 +16,19 @@ Prints, in one run against one in-process server with a warm pool of the default
     that found the pool empty and waited for the restore under way are counted apart
     (the pool's counters, ``GET /healthz``);
   * reset: ``POST /v1/sessions/{id}/reset`` of one warm session until its next screenshot,
-    p50/p95, and the server's phases (restore, clock, first frame) of the median reset;
+    p50/p95, and the server's phases (restore, clock, first frame) of the median reset.
+    Between resets the bench waits ``--reset-gap-s`` (a harness's task between resets;
+    default 2 s), in which the pool restores the session's next *spare* (its start state,
+    restored ahead, paused: the reset runs it instead of restoring); ``0``: resets back to
+    back (each waits for the spare's restore under way). Printed: how many resets ran a
+    spare;
   * a pooled idle desktop: the QEMU process's resident set (libvirt's ``rss``), its hard
     limit, how many fit in 24 GiB by each, and the CPU it uses while waiting (paused).
 
 Run as root on a host set up by `deskvm doctor --fix` with the default image built, under
 the VM lock:
     flock /run/deskvm-vm.lock .venv/bin/python bench/startup.py [--cold 20] [--warm 20]
-        [--resets 20] [--pool 3]
+        [--resets 20] [--pool 3] [--reset-gap-s 2]
 """
 
 from __future__ import annotations
@@ -86,6 +91,12 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=20, help="warm starts to time")
     parser.add_argument("--resets", type=int, default=20, help="resets to time")
     parser.add_argument("--pool", type=int, default=3, help="warm pool size")
+    parser.add_argument(
+        "--reset-gap-s",
+        type=float,
+        default=2.0,
+        help="seconds between a reset's screenshot and the next reset (a task; 0: none)",
+    )
     args = parser.parse_args()
 
     base = Settings.from_env()
@@ -169,14 +180,17 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
         }
 
         reset_s: list[float] = []
+        spare_resets = 0
         reset_phases: list[tuple[float, dict[str, float]]] = []
         if args.resets:
             if not manager.pool.wait_full(120):
                 raise SystemExit("the pool did not refill for the reset run")
             session = client.create_session(width=1280, height=800)
+            (before_resets,) = manager.pool.status()
             try:
                 assert session.info()["start"] == "warm"
                 for _ in range(args.resets):
+                    time.sleep(args.reset_gap_s)
                     t = time.monotonic()
                     session.reset()
                     session.screenshot()
@@ -185,6 +199,8 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
                     reset_phases.append((live.last_reset_s or 0.0, dict(live.reset_phases_s)))
             finally:
                 client.delete_session(session.id)
+            (after_resets,) = manager.pool.status()
+            spare_resets = after_resets["spare_resets"] - before_resets["spare_resets"]
     conn.close()
     load_end = os.getloadavg()
 
@@ -214,6 +230,11 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
         ratio = statistics.median(cold_frame) / statistics.median(warm_frame)
         print(f"cold/warm ratio (p50 first frame): {ratio:.1f}x")
     print(f"reset + first frame:            {summary(reset_s)}")
+    if args.resets:
+        print(
+            f"resets that ran a spare restored ahead: {spare_resets} of {args.resets} "
+            f"({args.reset_gap_s:g} s between resets)"
+        )
     if reset_phases:
         server_s, phases = sorted(reset_phases, key=lambda p: p[0])[len(reset_phases) // 2]
         print(f"median reset on the server: {server_s:.2f} s, phases {phases}")

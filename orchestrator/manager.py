@@ -190,6 +190,7 @@ class SessionManager:
             )
         self._pool_dir = pool_dir
         self.pool: WarmPool | None = None
+        self._start_keys: dict[str, PoolKey] = {}  # warm sessions -> their pool key
         """The warm pool (``None``: every session boots cold)."""
         if warm_pool and pool_dir is not None:
             self.pool = WarmPool(
@@ -239,12 +240,14 @@ class SessionManager:
         desktop = self.pool.claim(key)
         if desktop is not None:
             try:
-                self.hypervisor.set_cpu_weight(desktop.spec.session_id, DEFAULT_CPU_WEIGHT)
+                if not desktop.live_weight:  # the pool's head has it already
+                    self.hypervisor.set_cpu_weight(desktop.spec.session_id, DEFAULT_CPU_WEIGHT)
                 self.hypervisor.resume(desktop.spec.session_id)  # pooled desktops wait paused
                 # The session's own link to its start state (for resets; outlives the pool's).
                 desktop.state = self.hypervisor.keep_state(desktop.spec.session_id, desktop.state)
             except DeskvmError as exc:
                 self.pool.handover_failed(desktop, exc.message)
+                self.pool.settled(desktop.spec.session_id)
                 with contextlib.suppress(DeskvmError):
                     self.hypervisor.destroy(desktop.spec.session_id)
                 desktop = None
@@ -323,6 +326,50 @@ class SessionManager:
             saved = self.pool.claim_state(key)
             claim_s = round((self._clock.monotonic_ns() - t0) / 1e9, 3)
         try:
+            return self._start_registered(
+                warm, saved, claim_s, on_started, boot_image, display, memory_mib, vcpus,
+                boot_timeout_s, cpu_quota_pct, disk_mib, ttl_s, idle_timeout_s, autostart,
+                egress, guest_control, keyboard_layout,
+            )  # fmt: skip
+        finally:
+            if warm is not None and self.pool is not None:
+                # Ready or failed: the pool's refill may restore the next desktop now.
+                self.pool.settled(warm.spec.session_id)
+                self._want_spare(warm.spec.session_id)
+
+    def _want_spare(self, session_id: str) -> None:
+        """Ask the pool for a reset spare of a live warm session (see
+        :meth:`WarmPool.want_spare`)."""
+        with self._lock:
+            session = self._live.get(session_id)
+        if self.pool is None or session is None or session.state != "ready":
+            return
+        key = self._start_keys.get(session_id)
+        if session.start_state is not None and key is not None:
+            self.pool.want_spare(session.spec, session.start_state, key)
+
+    def _start_registered(
+        self,
+        warm: WarmDesktop | None,
+        saved: WarmState | None,
+        claim_s: float,
+        on_started: Callable[[Session], None] | None,
+        boot_image: BootImage,
+        display: DisplaySpec,
+        memory_mib: int,
+        vcpus: int,
+        boot_timeout_s: float,
+        cpu_quota_pct: int | None,
+        disk_mib: int | None,
+        ttl_s: float | None,
+        idle_timeout_s: float | None,
+        autostart: Autostart | None,
+        egress: EgressPolicy | None,
+        guest_control: bool,
+        keyboard_layout: KeyboardLayout | None,
+    ) -> Session:
+        """Register the session and start it (warm, warm with egress or cold)."""
+        try:
             session = self._register(
                 warm, boot_image, display, memory_mib, vcpus, boot_timeout_s, cpu_quota_pct,
                 disk_mib, ttl_s, idle_timeout_s, autostart, egress, guest_control,
@@ -341,6 +388,7 @@ class SessionManager:
         try:
             if warm is not None:
                 session.start_state = warm.state
+                self._start_keys[session.id] = warm.key
                 session.start(warm=warm.domain, claim_s=claim_s)
             elif saved is not None:
                 # Restored onto the session's own network (see Session.start).
@@ -463,6 +511,9 @@ class SessionManager:
         return session
 
     def _retire(self, session: Session) -> None:
+        if self.pool is not None:
+            self.pool.drop_spare(session.id)
+        self._start_keys.pop(session.id, None)
         with self._lock:
             self._live.pop(session.id, None)
             self._ended[session.id] = session
@@ -570,12 +621,16 @@ class SessionManager:
             HypervisorError: the restore failed (the session has been ended).
         """
         session = self.get(session_id)
+        key = self._start_keys.get(session.id)
+        if self.pool is not None and session.start_state is not None and key is not None:
+            self.pool.take_spare(session.id, key)  # counted; the hypervisor runs it
         try:
             session.reset()
         except HypervisorError as exc:
             with contextlib.suppress(DeskvmError):
                 self.delete(session.id, reason=f"reset failed: {exc.message}")
             raise
+        self._want_spare(session.id)  # for the next reset
         return session
 
     def extend_ttl(self, session_id: str, ttl_s: float, *, max_ttl_s: float | None) -> Session:

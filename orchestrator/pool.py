@@ -16,6 +16,19 @@ restores) waits for that restore, up to :data:`CLAIM_WAIT_S`, instead of booting
 claim that finds nothing to wait for is logged and counted (``empty_claims`` in
 :meth:`WarmPool.status`).
 
+The refill restores the next desktop once the claimed session is ready
+(:meth:`WarmPool.settled`, at most :data:`SETTLE_MAX_S` after the claim; at once when a
+claim waits): on a 2-core host a restore beside a claim slowed the claim's first frame.
+
+Reset spares: after its own desktops, the refill thread restores each warm session's
+start state ahead as the session's next generation, paused, at :data:`POOL_CPU_WEIGHT`
+(:meth:`WarmPool.want_spare`,
+:meth:`~orchestrator.hypervisor.base.Hypervisor.prepare_reset`): the session's next
+reset runs it instead of restoring. A spare counts in :meth:`WarmPool.memory_mib` (so in
+the memory budget), is restored only when the budget has room, and is evicted after the
+pooled desktops. A pooled desktop itself cannot serve a reset: libvirt renames only
+inactive persistent domains, and a session's domains carry its id in their name.
+
 Identity: pool desktops have session ids and directories like sessions (a claimed one
 *becomes* the session), so the session manager keeps them out of its reaper
 (:meth:`WarmPool.ids`); a server that stops leaves them to the reaper of its
@@ -71,6 +84,7 @@ __all__ = [
     "DEFAULT_CPU_WEIGHT",
     "POOL_CPU_WEIGHT",
     "RETRY_S",
+    "SETTLE_MAX_S",
     "TEMPLATE_LEASE_TIMEOUT_S",
     "PoolKey",
     "PoolTarget",
@@ -92,6 +106,9 @@ RETRY_S = 30.0
 CLAIM_WAIT_S = 5.0
 """How long a claim that finds its target empty waits for the restore under way, seconds
 (a restore takes 0.6-2 s on a 2-core TCG host; a cold boot 15-30 s)."""
+SETTLE_MAX_S = 3.0
+"""How long the refill holds a restore back for a claimed desktop whose session is not
+ready yet, seconds (see :meth:`WarmPool.settled`)."""
 TEMPLATE_LEASE_TIMEOUT_S = 60.0
 """How long an egress target's template may take for its DHCP lease, seconds."""
 
@@ -151,6 +168,21 @@ class WarmDesktop:
     state: SavedState
     running: bool = False
     """Whether it was resumed while pooled (the next one to be claimed runs)."""
+    live_weight: bool = False
+    """Whether it runs at a live session's CPU weight already (the next one to be claimed
+    gets it while pooled: see :meth:`WarmPool._run_head`)."""
+
+
+@dataclass(slots=True)
+class _Spare:
+    """A warm session's next generation, restored ahead for its next reset."""
+
+    spec: SessionSpec
+    state: SavedState
+    key: PoolKey
+    mib: int
+    phase: str = "wanted"  # "wanted", "restoring", "ready"
+    taken: bool = False  # a reset is taking it (a restore under way ends in that reset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +254,8 @@ class _Entry:
     waited_claims: int = 0  # of which waited for a restore under way
     empty_claims: int = 0  # claims that found nothing ready nor coming (sessions boot cold)
     handover_failures: int = 0  # claimed desktops the manager could not take over
+    spare_resets: int = 0  # resets of its sessions that ran a spare (or waited for one)
+    restored_resets: int = 0  # resets of its sessions that had no spare and restored
     guest_mac: str | None = None
 
     @property
@@ -309,6 +343,9 @@ class WarmPool:
         self._changed = threading.Condition(self._lock)  # a desktop came, or a refill stopped
         self._busy: dict[str, int] = {}  # ids being booted/restored -> hard limit MiB
         self._handed: set[str] = set()  # claimed, not yet a registered session
+        self._settling: dict[str, float] = {}  # claimed, session not ready -> claim time
+        self._waiting = 0  # claims waiting for a restore
+        self._spares: dict[str, _Spare] = {}  # session id -> its reset spare
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -370,7 +407,6 @@ class WarmPool:
         deadline = time.monotonic() + self._claim_wait_s
         waited = False
         while True:
-            self._wake.set()
             desktop, why = None, ""
             with self._changed:
                 entry = next((e for e in self._entries if e.key == key), None)
@@ -387,10 +423,17 @@ class WarmPool:
                         )  # fmt: skip
                         break
                     waited = True
-                    self._changed.wait(left_s)
+                    self._waiting += 1
+                    self._wake.set()
+                    self._changed.notify_all()  # a refill holding back for settling claims
+                    try:
+                        self._changed.wait(left_s)
+                    finally:
+                        self._waiting -= 1
                 else:
                     desktop = entry.desktops.pop(0)
                     self._handed.add(desktop.spec.session_id)
+                    self._settling[desktop.spec.session_id] = time.monotonic()
                     entry.claims += 1
                     entry.waited_claims += waited
             if desktop is None:
@@ -399,10 +442,13 @@ class WarmPool:
                     entry.target.image, why,
                 )  # fmt: skip
                 return None
+            # The refill starts once the claimed session is ready (settled), not now: its
+            # restore would compete for the CPU with the claim's resume and first frame.
             self._wake.set()
             if desktop.domain.is_running():
                 return desktop
             self.release(desktop.spec.session_id)
+            self.settled(desktop.spec.session_id)
             log.warning("warm desktop %s stopped while pooled", desktop.spec.session_id)
             with contextlib.suppress(DeskvmError):
                 self._hv.destroy(desktop.spec.session_id)
@@ -449,6 +495,31 @@ class WarmPool:
         with self._lock:
             self._handed.discard(session_id)
 
+    def settled(self, session_id: str) -> None:
+        """Say that a claimed desktop's session is ready (or failed): the refill's next
+        restore, held back meanwhile (up to :data:`SETTLE_MAX_S` after the claim), may
+        start. Idempotent."""
+        with self._changed:
+            if self._settling.pop(session_id, None) is not None:
+                self._changed.notify_all()
+        self._wake.set()
+
+    def _hold_for_claims(self) -> None:
+        """Wait (the refill thread) while a claimed desktop's session is getting ready,
+        unless a claim waits for a desktop; at most :data:`SETTLE_MAX_S` after its claim.
+
+        On a 2-core host a restore beside a claim slowed the claim's first frame from
+        ~0.2 s to 0.7-1.9 s (docs/performance.md)."""
+        with self._changed:
+            while not self._stop.is_set() and self._waiting == 0:
+                now = time.monotonic()
+                for sid, at in list(self._settling.items()):
+                    if now - at >= SETTLE_MAX_S:
+                        del self._settling[sid]  # its manager never said: do not wait for ever
+                if not self._settling:
+                    return
+                self._changed.wait(SETTLE_MAX_S - (now - min(self._settling.values())))
+
     def ids(self) -> set[str]:
         """Session ids of every pool domain (ready, being restored, template boots)."""
         with self._lock:
@@ -459,7 +530,8 @@ class WarmPool:
         """Host memory committed to pool domains (their hard limits), MiB."""
         with self._lock:
             ready = sum(hard_limit_mib(d.spec) for e in self._entries for d in e.desktops)
-            return ready + sum(self._busy.values())
+            spares = sum(sp.mib for sp in self._spares.values() if sp.phase != "wanted")
+            return ready + sum(self._busy.values()) + spares
 
     def evict(self, need_mib: int, *, keep: PoolKey | None = None) -> int:
         """Destroy ready desktops (other keys than ``keep`` first) until ``need_mib`` MiB
@@ -475,7 +547,91 @@ class WarmPool:
             freed += hard_limit_mib(desktop.spec)
             with contextlib.suppress(DeskvmError):
                 self._hv.destroy(desktop.spec.session_id)
+        while freed < need_mib:  # then reset spares (their sessions' resets restore)
+            with self._lock:
+                sid = next((i for i, sp in self._spares.items() if sp.phase == "ready"), None)
+                if sid is None:
+                    break
+                freed += self._spares.pop(sid).mib
+            with contextlib.suppress(DeskvmError):
+                self._hv.discard_reset_spare(sid)
         return freed
+
+    # --- reset spares -----------------------------------------------------------------
+
+    def want_spare(self, spec: SessionSpec, state: SavedState, key: PoolKey) -> None:
+        """Ask for a *spare* of a warm session: its start state restored ahead, paused, as
+        its next generation (:meth:`~orchestrator.hypervisor.base.Hypervisor.prepare_reset`),
+        so that its next reset runs it instead of restoring (~1 s less).
+
+        The refill thread restores it after the pool's own desktops, at the pool's CPU
+        weight, within the memory budget (it counts in :meth:`memory_mib`; a session
+        that must boot cold evicts it). A no-op when the session has one or no target
+        has ``key``."""
+        with self._lock:
+            had = self._spares.get(spec.session_id)
+            if (had is not None and not had.taken) or not any(e.key == key for e in self._entries):
+                return
+            self._spares[spec.session_id] = _Spare(spec, state, key, hard_limit_mib(spec))
+        self._wake.set()
+
+    def take_spare(self, session_id: str, key: PoolKey) -> bool:
+        """A reset of ``session_id`` begins: whether its spare is ready or being restored
+        (the reset then runs it); the pool forgets it (the reset consumes it), and counts
+        the reset (``spare_resets`` or ``restored_resets`` in :meth:`status`)."""
+        with self._lock:
+            spare = self._spares.get(session_id)
+            hit = spare is not None and spare.phase in ("ready", "restoring")
+            if spare is not None:
+                if spare.phase == "restoring":
+                    spare.taken = True  # the refill thread forgets it when done
+                else:
+                    del self._spares[session_id]
+            for entry in self._entries:
+                if entry.key == key:
+                    if hit:
+                        entry.spare_resets += 1
+                    else:
+                        entry.restored_resets += 1
+            return hit
+
+    def drop_spare(self, session_id: str) -> None:
+        """Forget ``session_id``'s spare (the session ended: its domains are gone)."""
+        with self._lock:
+            self._spares.pop(session_id, None)
+
+    def _fill_spares(self) -> None:
+        """Restore the spares asked for (the refill thread, after the pool's desktops)."""
+        while not self._stop.is_set():
+            with self._lock:
+                sid = next((i for i, sp in self._spares.items() if sp.phase == "wanted"), None)
+                if sid is None:
+                    return
+                spare = self._spares[sid]
+            self._hold_for_claims()
+            if self._stop.is_set() or not self._reserve(spare.mib):
+                return  # no room: its reset restores
+            with self._lock:
+                if self._spares.get(sid) is not spare or spare.phase != "wanted":
+                    continue
+                spare.phase = "restoring"
+            try:
+                self._hv.prepare_reset(spare.spec, spare.state, cpu_weight=POOL_CPU_WEIGHT)
+            except DeskvmError as exc:
+                log.info("reset spare of %s: %s", sid, exc.message)
+                with self._lock:
+                    if self._spares.get(sid) is spare:
+                        del self._spares[sid]
+                continue
+            with self._lock:
+                current = self._spares.get(sid) is spare
+                if current and spare.taken:
+                    del self._spares[sid]  # a reset is running it
+                elif current:
+                    spare.phase = "ready"
+            if not current and not spare.taken:  # the session ended meanwhile
+                with contextlib.suppress(DeskvmError):
+                    self._hv.discard_reset_spare(sid)
 
     def status(self) -> list[dict[str, Any]]:
         """One entry per target: ``image``, ``size``, ``ready``, ``phase`` (``new``,
@@ -484,7 +640,10 @@ class WarmPool:
         counts since the start: ``claims`` (desktops handed out), ``waited_claims`` (of
         which waited for a restore under way), ``empty_claims`` (claims that found none
         ready nor coming: those sessions booted cold) and ``handover_failures`` (claimed
-        desktops that could not be taken over: those sessions booted cold too)."""
+        desktops that could not be taken over: those sessions booted cold too);
+        ``reset_spares`` (spares of its sessions ready now), ``spare_resets`` and
+        ``restored_resets`` (resets of its sessions that found their spare ready or under
+        way, and that had none)."""
         with self._lock:
             return [
                 {
@@ -505,6 +664,11 @@ class WarmPool:
                     "waited_claims": e.waited_claims,
                     "empty_claims": e.empty_claims,
                     "handover_failures": e.handover_failures,
+                    "reset_spares": sum(
+                        sp.key == e.key and sp.phase == "ready" for sp in self._spares.values()
+                    ),
+                    "spare_resets": e.spare_resets,
+                    "restored_resets": e.restored_resets,
                 }
                 for e in self._entries
             ]
@@ -530,6 +694,10 @@ class WarmPool:
                     self._fill(entry)
                 except Exception:  # the pool must outlive any one failure
                     log.exception("warm pool refill of %s failed", entry.target.image)
+            try:
+                self._fill_spares()
+            except Exception:
+                log.exception("warm pool: restoring reset spares failed")
             self._wake.wait(self._interval_s)
             self._wake.clear()
 
@@ -569,6 +737,9 @@ class WarmPool:
                     entry.phase = "full"
                     return
                 entry.phase = "filling"
+            self._hold_for_claims()
+            if self._stop.is_set():
+                return
             if not self._restore_one(entry, image, key):
                 return
 
@@ -728,11 +899,15 @@ class WarmPool:
         return True
 
     def _run_head(self, entry: _Entry) -> None:
-        """Resume the desktop to be claimed next, if it waits paused.
+        """Resume the desktop to be claimed next, if it waits paused, at a live session's
+        CPU weight.
 
-        The others wait paused (no CPU); the head runs (2.2 % of a core under TCG) so
+        The others wait paused (no CPU); the head runs (2.2-4 % of a core under TCG) so
         that a claim gets a guest that is not just waking up: the first screenshot after
-        a claim of a just-resumed desktop took ~0.6 s more (docs/performance.md).
+        a claim of a just-resumed desktop took ~0.6 s more (docs/performance.md). It gets
+        the live weight here, not at the claim: a weight change waited for a restore under
+        way (0.3-0.6 s of a claim in the bench); an idle desktop's few percent of a core
+        starve nobody whatever its weight.
         """
         with self._lock:
             head = entry.desktops[0] if entry.desktops else None
@@ -740,6 +915,8 @@ class WarmPool:
                 return
             head.running = True
         try:
+            self._hv.set_cpu_weight(head.spec.session_id, DEFAULT_CPU_WEIGHT)
+            head.live_weight = True
             self._hv.resume(head.spec.session_id)
         except DeskvmError as exc:  # a claim got it meanwhile, or it died: claim sees
             log.info("warm pool %s: resuming %s: %s", entry.target.image,

@@ -1722,7 +1722,10 @@ class Session:
 
     def reset(self) -> float:
         """Return the desktop to its start state: restore :attr:`start_state` onto a fresh
-        overlay (what was written, typed or opened since is gone).
+        overlay (what was written, typed or opened since is gone), or run the *spare* the
+        warm pool restored ahead (see
+        :meth:`~orchestrator.hypervisor.base.Hypervisor.prepare_reset`; ``spare`` in
+        ``reset_done`` says which).
 
         Runs between actions (it takes the action lock). The recording stays one bundle:
         a ``lifecycle`` ``reset`` event is appended before the restore, a ``reset_done``
@@ -1781,7 +1784,7 @@ class Session:
             self.spec = dataclasses.replace(self.spec, display=self._created_display)
         mark = self._clock.monotonic_ns()
         try:
-            domain = self._hypervisor.reset(self.spec, self.start_state)
+            domain, spare = self._hypervisor.reset(self.spec, self.start_state)
         except DeskvmError:
             self._check_not_closed_during_reset()
             raise
@@ -1831,6 +1834,7 @@ class Session:
                 "event": "reset_done",
                 "count": self.resets,
                 "reset_s": self.last_reset_s,
+                "spare": spare,
                 "phases_s": phases,
                 "clock_offset_s": self.clock_offset_s,
             },

@@ -506,6 +506,15 @@ class WarmPoolStatus(BaseModel):
     handover_failures: int = Field(
         0, description="claimed desktops that could not be taken over (they booted cold)"
     )
+    reset_spares: int = Field(
+        0, description="its sessions' reset spares ready now (next generations restored ahead)"
+    )
+    spare_resets: int = Field(
+        0, description="resets of its sessions that found their spare ready or under way"
+    )
+    restored_resets: int = Field(
+        0, description="resets of its sessions that had no spare (they restored)"
+    )
 
 
 class HealthResponse(BaseModel):

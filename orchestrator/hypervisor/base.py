@@ -266,18 +266,44 @@ class Hypervisor(Protocol):
         """
         ...
 
-    def reset(self, spec: SessionSpec, state: SavedState) -> Domain:
-        """Replace the session's running domain by a fresh restore of ``state``.
+    def reset(self, spec: SessionSpec, state: SavedState) -> tuple[Domain, bool]:
+        """Replace the session's running domain by a fresh restore of ``state``; returns
+        the new domain and whether it was the session's spare.
 
-        The domain is destroyed, its overlay deleted; the same session id, directory and
-        helper socket are used again. The new domain runs at a live session's CPU weight
+        The domain is destroyed, its overlay deleted; the same session id and directory
+        are used again (the new domain is the session's next *generation*, with its own
+        overlay and sockets). The new domain runs at a live session's CPU weight
         (:data:`LIVE_CPU_WEIGHT`) and memory hard limit, whatever the saved state had (a
-        warm pool saves its template at a low weight). On failure the session's domain
+        warm pool saves its template at a low weight). When :meth:`prepare_reset` has
+        restored the next generation ahead (a *spare*), that domain is run instead of a
+        restore (a spare being restored is waited for). On failure the session's domain
         is gone.
 
         Raises:
             HypervisorError: the restore failed (the session has no domain any more).
         """
+        ...
+
+    def prepare_reset(
+        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+    ) -> None:
+        """Restore ``state`` ahead, paused, as the running session's next generation (a
+        *spare*), for its next :meth:`reset` to run. A no-op when it has a spare.
+
+        The running domain is not touched. The spare has its own name, UUID, VM
+        generation ID, overlay and sockets, runs at ``cpu_weight`` until the reset, and
+        goes with the session (:meth:`destroy`, :meth:`discard_reset_spare`). Leaves
+        nothing behind when it fails.
+
+        Raises:
+            CapacityError: ``insufficient_disk``.
+            HypervisorError: the session has ended, or the restore failed (the session is
+                not affected).
+        """
+        ...
+
+    def discard_reset_spare(self, session_id: str) -> bool:
+        """Destroy the session's spare (:meth:`prepare_reset`); whether it had one."""
         ...
 
     def resume(self, session_id: str) -> None:

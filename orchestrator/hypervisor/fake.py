@@ -129,6 +129,7 @@ class FakeHypervisor:
     A saved state keeps its domain's NIC MAC; :meth:`restore` of it needs a ``nic`` with
     that MAC (and refuses one for a state without a NIC), as the real one does.
     * ``"reset"``: :meth:`reset` raises (the session's domain is gone).
+    * ``"prepare_reset"``: :meth:`prepare_reset` raises (the session is not affected).
 
     :meth:`save` writes a small JSON ``state.save``; :meth:`restore` refuses a state file
     that is missing or does not parse (a corrupt save), as the real one does.
@@ -168,6 +169,10 @@ class FakeHypervisor:
         self.adopted: list[str] = []
         self.saved: list[str] = []
         self.restored: list[str] = []
+        self.spares: dict[str, FakeDomain] = {}
+        """Sessions' next generations restored ahead (:meth:`prepare_reset`), paused."""
+        self.spares_used = 0
+        """Resets that ran a spare instead of restoring."""
         self._lock = threading.Lock()
 
     @property
@@ -221,6 +226,9 @@ class FakeHypervisor:
                 domain.running = False
             if self._sessions_dir is not None:
                 shutil.rmtree(self._sessions_dir / session_id, ignore_errors=True)
+            spare = self.spares.pop(session_id, None)
+            if spare is not None:
+                spare.running = False
 
     def list_sessions(self) -> set[str]:
         with self._lock:
@@ -299,11 +307,44 @@ class FakeHypervisor:
             raise HypervisorError(f"cannot keep the start state of {session_id}: {exc}") from exc
         return kept
 
-    def reset(self, spec: SessionSpec, state: SavedState) -> FakeDomain:
+    def prepare_reset(
+        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+    ) -> None:
+        with self._lock:
+            if spec.session_id in self.spares:
+                return
+            if spec.session_id not in self.domains:
+                raise HypervisorError(f"session {spec.session_id} has ended")
+            if self._injected("prepare_reset"):
+                raise HypervisorError(f"injected failure preparing {spec.session_id}")
+            if not state.state_file.is_file():
+                raise HypervisorError(f"could not restore {spec.session_id}: no state")
+            domain = FakeDomain(
+                spec, None, horizontal_wheel=self._horizontal_wheel, restored_from=state.state_file
+            )
+            domain.cpu_weight = 1024 if cpu_weight is None else cpu_weight
+            domain.paused = True
+            self.spares[spec.session_id] = domain
+
+    def discard_reset_spare(self, session_id: str) -> bool:
+        with self._lock:
+            spare = self.spares.pop(session_id, None)
+            if spare is not None:
+                spare.running = False
+            return spare is not None
+
+    def reset(self, spec: SessionSpec, state: SavedState) -> tuple[FakeDomain, bool]:
         with self._lock:
             old = self.domains.pop(spec.session_id, None)
             if old is not None:
                 old.running = False
+            spare = self.spares.pop(spec.session_id, None)
+            if spare is not None:
+                spare.cpu_weight = LIVE_CPU_WEIGHT
+                spare.paused = False
+                self.domains[spec.session_id] = spare
+                self.spares_used += 1
+                return spare, True
             if self._injected("reset"):
                 raise HypervisorError(f"injected failure resetting {spec.session_id}")
             if not state.state_file.is_file():
@@ -316,7 +357,7 @@ class FakeHypervisor:
             domain.cpu_weight = LIVE_CPU_WEIGHT
             self.domains[spec.session_id] = domain
             self.restored.append(spec.session_id)
-            return domain
+            return domain, False
 
     def resume(self, session_id: str) -> None:
         with self._lock:

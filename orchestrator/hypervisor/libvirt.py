@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -113,6 +114,14 @@ def open_connection(uri: str = "qemu:///system") -> libvirt.virConnect:
             f"cannot connect to libvirt at {uri}: {exc.get_error_message()} "
             "(is libvirtd running? `deskvm doctor --fix` starts it)"
         ) from exc
+
+
+def _paused(dom: libvirt.virDomain) -> bool:
+    """Whether ``dom`` is paused (a reset's spare waits so); ``False`` when it is gone."""
+    try:
+        return bool(dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED)
+    except libvirt.libvirtError:
+        return False
 
 
 def _tail(path: Path, max_bytes: int) -> bytes:
@@ -228,6 +237,16 @@ def set_guest_clock(socket_path: Path, *, timeout_s: float) -> float | None:
     return (guest_ns - host_ns) / 1e9
 
 
+@dataclass(slots=True)
+class _Spare:
+    """A session's next generation, restored paused ahead of its reset."""
+
+    generation: int
+    dom: libvirt.virDomain
+    paths: SessionPaths
+    helper: HelperChannel | None
+
+
 class LibvirtHypervisor:
     """:class:`~orchestrator.hypervisor.base.Hypervisor` on libvirt.
 
@@ -253,6 +272,8 @@ class LibvirtHypervisor:
         self._caps: dict[str, int] = {}
         self._helpers: dict[str, HelperChannel] = {}
         self._generations: dict[str, int] = {}  # sessions reset at least once
+        self._spares: dict[str, _Spare] = {}  # sessions' next generations, restored ahead
+        self._session_locks: dict[str, threading.RLock] = {}  # spare vs reset vs destroy
         self._own_instance = instance is None
         try:
             self.instance = instance or Instance(self._instances_dir)
@@ -292,6 +313,11 @@ class LibvirtHypervisor:
             generation=self._generations.get(session_id, 0),
         )
 
+    def _session_lock(self, session_id: str) -> threading.RLock:
+        """Serializes a session's spare restore, reset and destroy."""
+        with self._lock:
+            return self._session_locks.setdefault(session_id, threading.RLock())
+
     def _lookup(self, session_id: str) -> libvirt.virDomain:
         """The session's current domain; after a restart (generations unknown) the
         newest of its domains.
@@ -310,7 +336,7 @@ class LibvirtHypervisor:
             found = self._domains_of(session_id)
             if not found:
                 raise
-        dom = max(found, key=lambda d: generation_of(d.name()))
+        dom = max(found, key=lambda d: (not _paused(d), generation_of(d.name())))
         self._generations[session_id] = generation_of(dom.name())
         return dom
 
@@ -492,6 +518,7 @@ class LibvirtHypervisor:
                 f"the domain of session {spec.session_id} belongs to another installation"
             )
         paths = self._paths(spec.session_id)  # its generation is known now
+        self._discard_spares_of(spec.session_id, above=paths.generation)
         try:
             (paths.root / "instance").write_text(self.instance_id)
         except OSError as exc:
@@ -511,8 +538,17 @@ class LibvirtHypervisor:
         return LibvirtDomain(self._conn, dom, spec.session_id, paths, helper)
 
     def destroy(self, session_id: str) -> None:
+        with self._session_lock(session_id):  # a spare being restored ends first
+            self._destroy(session_id)
+        with self._lock:
+            self._session_locks.pop(session_id, None)
+
+    def _destroy(self, session_id: str) -> None:
         paths = self._paths(session_id)
         failures: list[str] = []
+        spare = self._spares.pop(session_id, None)
+        if spare is not None and spare.helper is not None:
+            spare.helper.close()
         self._caps.pop(session_id, None)
         helper = self._helpers.pop(session_id, None)
         if helper is not None:
@@ -648,19 +684,80 @@ class LibvirtHypervisor:
             raise HypervisorError(f"cannot keep the start state of {session_id}: {exc}") from exc
         return kept
 
-    def reset(self, spec: SessionSpec, state: SavedState) -> LibvirtDomain:
+    def prepare_reset(
+        self, spec: SessionSpec, state: SavedState, *, cpu_weight: int | None = None
+    ) -> None:
+        """See :meth:`Hypervisor.prepare_reset`: ``state`` restored paused as the
+        session's next generation (``deskvm-<id>-r<N+1>``, its overlay and sockets) beside
+        the running one, which is not touched."""
+        sid = spec.session_id
+        with self._session_lock(sid):
+            if sid in self._spares:
+                return
+            current = self._paths(sid)
+            if not current.root.is_dir():
+                raise HypervisorError(f"session {sid} has ended: no spare for its reset")
+            paths = SessionPaths(root=current.root, generation=current.generation + 1)
+            self._discard_spares_of(sid, above=current.generation)  # a failed one's leftovers
+            dom, helper = self._restore_domain(
+                spec, state, paths, cpu_weight=cpu_weight, paused=True, fresh=False, spare=True
+            )
+            self._spares[sid] = _Spare(paths.generation, dom, paths, helper)
+
+    def discard_reset_spare(self, session_id: str) -> bool:
+        """See :meth:`Hypervisor.discard_reset_spare`."""
+        with self._session_lock(session_id):
+            if session_id not in self._spares:
+                return False
+            current = self._generations.get(session_id, 0)
+            self._discard_spares_of(session_id, above=current)
+            return True
+
+    def _discard_spares_of(self, session_id: str, *, above: int) -> None:
+        """Destroy the session's domains of generations above ``above`` (its spare, or one
+        a failed restore or a previous server left) and remove their overlays."""
+        spare = self._spares.pop(session_id, None)
+        if spare is not None and spare.helper is not None:
+            spare.helper.close()
+        try:
+            doms = self._domains_of(session_id)
+        except libvirt.libvirtError:
+            doms = []
+        root = self._sessions_dir / session_id
+        for dom in doms:
+            generation = generation_of(dom.name())
+            if generation <= above:
+                continue
+            with contextlib.suppress(libvirt.libvirtError):
+                dom.destroy()
+            with contextlib.suppress(OSError):
+                SessionPaths(root=root, generation=generation).overlay.unlink()
+
+    def reset(self, spec: SessionSpec, state: SavedState) -> tuple[LibvirtDomain, bool]:
         """See :meth:`Hypervisor.reset`.
 
-        The old domain is paused and the new one restored beside it under the next
-        generation's name (``deskvm-<id>-r<N>``), overlay and sockets; then the old
-        domain's QEMU is killed (SIGKILL: its disk is thrown away, nothing to flush) and
-        libvirt cleans it up in the background. libvirt's destroy waits until the QEMU
-        process is reaped, and on these hosts (a firecracker init as PID 1 that reaps
-        orphans every ~2 s) that was 2.0 s of a 3.0 s reset. Where the QEMU process
+        With a spare (:meth:`prepare_reset`; one under way is waited for): the old domain
+        is paused, the spare gets a live session's CPU weight and runs. Without one: the
+        old domain is paused and the new one restored beside it under the next
+        generation's name (``deskvm-<id>-r<N>``), overlay and sockets. Either way the old
+        domain's QEMU is then killed (SIGKILL: its disk is thrown away, nothing to
+        flush) and libvirt cleans it up in the background. libvirt's destroy waits until
+        the QEMU process is reaped, and on these hosts (a firecracker init as PID 1 that
+        reaps orphans every ~2 s) that was 2.0 s of a 3.0 s reset. Where the QEMU process
         cannot be found (a remote URI) the old domain is destroyed first, as before.
         """
         sid = spec.session_id
+        with self._session_lock(sid):
+            return self._reset_locked(spec, state)
+
+    def _reset_locked(self, spec: SessionSpec, state: SavedState) -> tuple[LibvirtDomain, bool]:
+        sid = spec.session_id
         old_paths = self._paths(sid)
+        spare = self._spares.pop(sid, None)
+        if spare is not None and spare.generation != old_paths.generation + 1:
+            self._spares[sid] = spare
+            self._discard_spares_of(sid, above=old_paths.generation)
+            spare = None
         helper = self._helpers.pop(sid, None)
         if helper is not None:
             helper.close()
@@ -688,7 +785,25 @@ class LibvirtHypervisor:
         with contextlib.suppress(FileNotFoundError):
             (old_paths.root / "restore.fifo").unlink()
         try:
-            return self._restore(spec, state, cpu_weight=LIVE_CPU_WEIGHT, fresh=False)
+            if spare is not None:
+                try:
+                    spare.dom.setSchedulerParametersFlags(
+                        {"cpu_shares": LIVE_CPU_WEIGHT}, libvirt.VIR_DOMAIN_AFFECT_LIVE
+                    )
+                    spare.dom.resume()
+                except libvirt.libvirtError as exc:
+                    log.warning("reset of %s: its spare failed (%s); restoring",
+                                sid, exc.get_error_message())  # fmt: skip
+                    self._spares[sid] = spare
+                    self._discard_spares_of(sid, above=old_paths.generation)
+                else:
+                    with self._lock:
+                        self._caps[sid] = state.disk_cap_mib
+                    if spare.helper is not None:
+                        self._helpers[sid] = spare.helper
+                    domain = LibvirtDomain(self._conn, spare.dom, sid, spare.paths, spare.helper)
+                    return domain, True
+            return self._restore(spec, state, cpu_weight=LIVE_CPU_WEIGHT, fresh=False), False
         finally:
             if old is not None:
                 # Only now: libvirt's cleanup of a domain slows a restore that runs beside it.
@@ -709,15 +824,39 @@ class LibvirtHypervisor:
         nic: NicAttachment | None = None,
     ) -> LibvirtDomain:
         paths = self._paths(spec.session_id)
+        dom, helper = self._restore_domain(
+            spec, state, paths, cpu_weight=cpu_weight, paused=paused, fresh=fresh, nic=nic
+        )
+        if helper is not None:
+            self._helpers[spec.session_id] = helper
+        return LibvirtDomain(self._conn, dom, spec.session_id, paths, helper)
+
+    def _restore_domain(
+        self,
+        spec: SessionSpec,
+        state: SavedState,
+        paths: SessionPaths,
+        *,
+        cpu_weight: int | None,
+        fresh: bool,
+        paused: bool = False,
+        nic: NicAttachment | None = None,
+        spare: bool = False,
+    ) -> tuple[libvirt.virDomain, HelperChannel | None]:
+        """Restore ``state`` as the domain of ``paths``'s generation. On failure a
+        ``spare`` leaves the session alone (only its own domain and overlay go); any
+        other restore destroys the session."""
         header = read_header(state.state_file)
         if not state.disk.is_file():
             raise HypervisorError(f"the saved disk {state.disk} is missing")
         with self._lock:
-            if fresh:
+            if fresh or spare:
                 self._check_free_space(state.disk_cap_mib)
-            self._caps[spec.session_id] = state.disk_cap_mib
-        fifo = paths.root / "restore.fifo"
+            if not spare:
+                self._caps[spec.session_id] = state.disk_cap_mib
+        fifo = paths.root / ("spare.fifo" if spare else "restore.fifo")
         errors: list[BaseException] = []
+        helper = None
         try:
             if fresh:
                 self._sessions_dir.mkdir(parents=True, exist_ok=True)
@@ -764,7 +903,8 @@ class LibvirtHypervisor:
             if errors:
                 raise errors[0]
             fifo.unlink()
-            dom = self._lookup(spec.session_id)
+            with self._lock:
+                dom = self._conn.lookupByName(domain_name(spec.session_id, paths.generation))
             dom.setMemoryParameters(
                 {"hard_limit": hard_limit_mib(spec) * 1024}, libvirt.VIR_DOMAIN_AFFECT_LIVE
             )
@@ -774,12 +914,10 @@ class LibvirtHypervisor:
                 )
             if not paused:
                 dom.resume()
-            helper = None
             if spec.image.helper_port is not None:
                 helper = HelperChannel(paths.helper_socket)
-                self._helpers[spec.session_id] = helper
                 helper.connect()
-            return LibvirtDomain(self._conn, dom, spec.session_id, paths, helper)
+            return dom, helper
         except FileExistsError as exc:
             raise HypervisorError(f"session {spec.session_id} already exists") from exc
         except (
@@ -792,8 +930,15 @@ class LibvirtHypervisor:
                 detail = exc.message
             else:
                 detail = getattr(exc, "stderr", None) or str(exc)
-            with contextlib.suppress(HypervisorError):
-                self.destroy(spec.session_id)
+            if helper is not None:
+                helper.close()
+            if spare:
+                with contextlib.suppress(OSError):
+                    fifo.unlink()
+                self._discard_spares_of(spec.session_id, above=paths.generation - 1)
+            else:
+                with contextlib.suppress(HypervisorError):
+                    self.destroy(spec.session_id)
             raise HypervisorError(
                 f"could not restore session {spec.session_id} from {state.state_file}: {detail}"
             ) from exc

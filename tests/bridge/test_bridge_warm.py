@@ -56,6 +56,8 @@ def test_warm_start_reset_and_cold_fallback_over_http(tmp_path: Path) -> None:
             info = client.post(f"/v1/sessions/{sid}/reset").json()
             assert info["resets"] == 1 and info["last_reset_s"] is not None
             assert hv.domains[sid] is not before and not before.running
+            (pool,) = client.get("/healthz").json()["warm_pool"]
+            assert pool["spare_resets"] + pool["restored_resets"] == 1
             # The same WebSocket carries on against the restored desktop.
             reply = ask(ws, {"id": 2, "action": "type", "text": "after reset\n"})
             assert reply["ok"], reply

@@ -4,13 +4,17 @@ One template boot (20-60 s of TCG), one save, two restores. The two sessions mus
 distinct where it matters: 32 bytes of ``/dev/urandom`` read right after the claim differ
 (the VM generation ID changed, the guest kernel reseeded), and each guest's wall clock is
 within 1 s of the host's (set at the claim, although the state was saved earlier). A reset
-of one of them forgets a file it wrote. Nothing of the pool is left once it is closed.
+of one of them forgets a file it wrote: the first reset runs the spare the pool restored
+ahead (the session's next generation, paused), the second restores (its spare discarded).
+Nothing of the pool is left once it is closed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from pathlib import Path
 
 import libvirt
 from PIL import Image
@@ -20,6 +24,7 @@ from agent_bridge.protocol.results import ImageResult
 from agent_bridge.runtime import build_manager
 from orchestrator.hypervisor.base import LIVE_CPU_WEIGHT
 from orchestrator.hypervisor.domain_xml import domain_name, generation_of, session_id_of
+from orchestrator.pool import POOL_CPU_WEIGHT
 from orchestrator.session import Session
 from orchestrator.settings import Settings
 from orchestrator.spec import DisplaySpec
@@ -52,15 +57,54 @@ def _domains(settings: Settings, session_id: str) -> list[str]:
     return sorted(found, key=generation_of)
 
 
-def _current(settings: Settings, session_id: str, what: str) -> int:
+def _lookup_all(conn: libvirt.virConnect, names: list[str]) -> list[libvirt.virDomain]:
+    """The domains of ``names`` still there (a reset's old one goes in the background)."""
+    found = []
+    for name in names:
+        try:
+            found.append(conn.lookupByName(name))
+        except libvirt.libvirtError:
+            continue
+    return found
+
+
+def _is_running(dom: libvirt.virDomain) -> bool:
+    try:
+        return bool(dom.info()[0] == libvirt.VIR_DOMAIN_RUNNING)
+    except libvirt.libvirtError:  # gone meanwhile
+        return False
+
+
+def _current(settings: Settings, session_id: str, what: str, generation: int | None = None) -> int:
+    """``what`` of the session's running domain (its spare waits paused), or of the
+    domain of ``generation``."""
     conn = libvirt.open(settings.libvirt_uri)
     try:
-        dom = conn.lookupByName(_domains(settings, session_id)[-1])
+        doms = _lookup_all(conn, _domains(settings, session_id))
+        if generation is not None:
+            dom = next(d for d in doms if generation_of(d.name()) == generation)
+        else:
+            dom = max(doms, key=lambda d: (_is_running(d), generation_of(d.name())))
         if what == "cpu_shares":
             return int(dom.schedulerParameters()["cpu_shares"])
         return int(dom.info()[0])
     finally:
         conn.close()
+
+
+def _running_name(settings: Settings, session_id: str) -> str:
+    conn = libvirt.open(settings.libvirt_uri)
+    try:
+        doms = _lookup_all(conn, _domains(settings, session_id))
+        return next(d.name() for d in doms if _is_running(d))
+    finally:
+        conn.close()
+
+
+def _reset_done(session: Session) -> dict:
+    lines = (Path(session.recorder.path) / "events.jsonl").read_text().splitlines()
+    events = [e["data"] for e in map(json.loads, lines) if e["kind"] == "lifecycle"]
+    return [e for e in events if e["event"] == "reset_done"][-1]
 
 
 def _cpu_shares(settings: Settings, session_id: str) -> int:
@@ -128,15 +172,26 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
 
         # Reset: what the first session wrote is gone, the desktop is back, clock set again.
         first = sessions[0]
+        # Its spare: the next generation restored ahead, paused, at the pool's weight.
+        pool = manager.pool
+        _wait(lambda: getattr(pool._spares.get(first.id), "phase", "") == "ready", 120, "spare")
+        assert _domains(settings, first.id) == [
+            domain_name(first.id),
+            f"{domain_name(first.id)}-r1",
+        ]
+        assert _current(settings, first.id, "state", 1) == libvirt.VIR_DOMAIN_PAUSED
+        assert _current(settings, first.id, "cpu_shares", 1) == POOL_CPU_WEIGHT
         _act(first, action="type", text="touch /tmp/deskvm-mark; echo marked > /dev/ttyS1\n")
         _wait_for(first, r"marked", 60)
         reset_s = manager.reset(first.id).last_reset_s
         assert first.resets == 1 and reset_s is not None
-        # The template was saved at the pool's low CPU weight: the reset one runs as live.
+        assert _reset_done(first)["spare"] is True
+        # The spare ran with the pool's low CPU weight: the reset one runs as live.
         assert _cpu_shares(settings, first.id) == LIVE_CPU_WEIGHT
+        assert _state(settings, first.id) == libvirt.VIR_DOMAIN_RUNNING
         # The reset's domain has the next generation's name; libvirt lets go of the old.
-        assert _domains(settings, first.id)[-1] == f"{domain_name(first.id)}-r1"
-        _wait(lambda: len(_domains(settings, first.id)) == 1, 15, "the old domain gone")
+        assert generation_of(_running_name(settings, first.id)) == 1
+        _wait(lambda: domain_name(first.id) not in _domains(settings, first.id), 15, "old gone")
         assert not (settings.sessions_dir / first.id / "overlay.qcow2").exists()
         print(f"reset phases: {first.reset_phases_s}")
         assert first.clock_offset_s is not None and abs(first.clock_offset_s) < 1.0
@@ -149,9 +204,13 @@ def test_two_warm_sessions_are_distinct_and_on_time(settings: Settings) -> None:
         )
         assert _wait_for(first, r"mark=(kept|gone)", 60).group(1) == "gone"
         print(f"reset took {reset_s:.2f} s")
-        # A second reset: generation 2, the guest helper and the clock answer again.
+        # A second reset without a spare (discarded): restored as generation 2; the guest
+        # helper and the clock answer again.
+        _wait(lambda: getattr(pool._spares.get(first.id), "phase", "") == "ready", 120, "spare")
+        assert manager.hypervisor.discard_reset_spare(first.id)
         second_s = manager.reset(first.id).last_reset_s
-        assert _domains(settings, first.id)[-1] == f"{domain_name(first.id)}-r2"
+        assert _reset_done(first)["spare"] is False
+        assert generation_of(_running_name(settings, first.id)) == 2
         assert first.clock_offset_s is not None and abs(first.clock_offset_s) < 1.0
         _act(first, action="type", text="echo second-reset-ok > /dev/ttyS1\n")
         _wait_for(first, r"second-reset-ok", 60)
