@@ -285,13 +285,22 @@ def test_nft_egress_reads_the_lease_of_the_guest_mac(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="not attached"):
         egress.leased_ip(sid)
     (tmp_path / sid).mkdir()
-    (tmp_path / sid / "attachment.json").write_text(json.dumps({"guest_mac": "52:54:00:aa:bb:cc"}))
+    attachment = {"guest_mac": "52:54:00:aa:bb:cc", "guest_ip": "10.213.0.6"}
+    (tmp_path / sid / "attachment.json").write_text(json.dumps(attachment))
     assert egress.leased_ip(sid) is None  # no lease file yet
     leases = tmp_path / sid / "dnsmasq.leases"
     leases.write_text("1796000000 52:54:00:00:00:01 10.213.0.9 other *\n")
     assert egress.leased_ip(sid) is None  # another MAC's lease does not count
     leases.write_text("1796000000 52:54:00:aa:bb:cc 10.213.0.6 debian *\n")
     assert egress.leased_ip(sid) == "10.213.0.6"
+    # A line torn by dnsmasq's rewrite, or another address: no lease (the address is
+    # written to the recording as the guest's).
+    for torn in (
+        "1796000000 52:54:00:aa:bb:cc 10.213.0.",
+        "1796000000 52:54:00:aa:bb:cc 10.213.0.9",
+    ):
+        leases.write_text(torn + "\n")
+        assert egress.leased_ip(sid) is None, torn
 
 
 def test_a_warm_egress_session_keeps_its_own_start_state(tmp_path: Path) -> None:

@@ -399,9 +399,10 @@ class Egress(Protocol):
         ...
 
     def leased_ip(self, session_id: str) -> str | None:
-        """The address the session's DHCP server has leased to its guest MAC now, or
-        ``None`` (no lease yet). The guest's word that it took it is not asked for: the
-        rules only pass the leased address anyway.
+        """The session's guest address once the session's DHCP server has leased it to
+        the guest MAC, else ``None`` (no lease yet; a lease of anything else is none).
+        The guest's word that it took it is not asked for: the rules only pass the
+        session's guest address anyway.
 
         Raises:
             EgressError: the session is not attached.

@@ -363,11 +363,14 @@ class NftEgress:
     def leased_ip(self, session_id: str) -> str | None:
         """See :meth:`orchestrator.egress.base.Egress.leased_ip`: read from dnsmasq's lease
         file (``<expiry> <mac> <ip> <hostname> <client id>`` per line, rewritten by
-        dnsmasq at every change)."""
+        dnsmasq at every change). Only a line with the attachment's MAC *and* guest
+        address counts (anything else, e.g. a line read while dnsmasq rewrites the file,
+        is no lease)."""
         validate_session_id(session_id)
         state = self._session_dir(session_id)
         try:
-            mac = json.loads((state / "attachment.json").read_text())["guest_mac"]
+            attachment = json.loads((state / "attachment.json").read_text())
+            mac, guest_ip = attachment["guest_mac"], attachment["guest_ip"]
             lines = (state / "dnsmasq.leases").read_text().splitlines()
         except FileNotFoundError as exc:
             if not state.is_dir():
@@ -377,8 +380,8 @@ class NftEgress:
             raise EgressError(f"cannot read the leases of {session_id}: {exc}") from exc
         for line in lines:
             fields = line.split()
-            if len(fields) >= 3 and fields[1].lower() == mac:
-                return fields[2]
+            if len(fields) >= 3 and fields[1].lower() == mac and fields[2] == guest_ip:
+                return guest_ip
         return None
 
     def detach(self, session_id: str) -> None:
