@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from egress_world import World, leftovers, purge_test_worlds
+from egress_world import World, checked_world, leftovers, purge_test_worlds
 
 NEEDED = ("nft", "ip", "dnsmasq", "ulogd", "busybox")
 
@@ -47,38 +47,16 @@ def _no_stale_test_worlds() -> None:
         print(f"\nremoved test worlds an earlier run left behind: {stale}")
 
 
-def _new_leftovers(before: set[str]) -> list[str]:
-    """What is left now that was not there when the test started (what was there before
-    is an earlier run's, not this test's)."""
-    return [x for x in leftovers() if x not in before]
-
-
 @pytest.fixture()
 def world() -> Iterator[World]:
-    """A world with an attached session; torn down in finally, then checked clean."""
-    before = set(leftovers())
-    w = World()
-    try:
-        w.open()
-        w.attach()
+    """A world with an attached session; torn down in finally, then checked clean (what
+    was left before the test is an earlier run's, not this test's)."""
+    with checked_world(attach=True, before=leftovers()) as w:
         yield w
-    finally:
-        errors = w.close()
-        left = _new_leftovers(before)
-        assert not errors, errors
-        assert not left, f"left behind: {left}"
 
 
 @pytest.fixture()
 def bare_world() -> Iterator[World]:
     """A world without an attached session (the test attaches as it needs)."""
-    before = set(leftovers())
-    w = World()
-    try:
-        w.open()
+    with checked_world(before=leftovers()) as w:
         yield w
-    finally:
-        errors = w.close()
-        left = _new_leftovers(before)
-        assert not errors, errors
-        assert not left, f"left behind: {left}"

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,6 +272,30 @@ class World:
         errors = self.close()
         if errors and exc[0] is None:
             raise RuntimeError(f"world teardown failed: {errors}")
+
+
+@contextlib.contextmanager
+def checked_world(*, attach: bool = False, before: Iterable[str] = ()) -> Iterator[World]:
+    """A world opened for the block (with an attached session if ``attach``), closed after
+    it even when it fails, then checked: the close had no errors and nothing deskvm- or
+    test-labelled is left on the host but what ``before`` names (what was there before the
+    test: an earlier run's, not this one's).
+
+    Raises:
+        AssertionError: the close had errors, or something was left behind.
+    """
+    known = set(before)
+    w = World()
+    try:
+        w.open()
+        if attach:
+            w.attach()
+        yield w
+    finally:
+        errors = w.close()
+        left = [x for x in leftovers() if x not in known]
+        assert not errors, errors
+        assert not left, f"left behind: {left}"
 
 
 def purge_test_worlds() -> list[str]:
