@@ -37,7 +37,7 @@ from orchestrator.spec import EgressPolicy, new_session_id
 from tests.vm.conftest import window_box
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "egress"))
-from egress_world import World, leftovers
+from egress_world import World, checked_world
 
 pytestmark = pytest.mark.netns
 
@@ -100,15 +100,8 @@ def _domain_xml(session_id: str) -> str:
 
 @pytest.fixture
 def world() -> Iterator[World]:
-    w = World()
-    try:
-        w.open()
+    with checked_world() as w:
         yield w
-    finally:
-        errors = w.close()
-        assert not errors, errors
-        left = leftovers()
-        assert not left, f"left behind: {left}"
 
 
 def test_two_warm_egress_sessions_are_their_own(world: World) -> None:
