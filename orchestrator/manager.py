@@ -630,6 +630,11 @@ class SessionManager:
             with contextlib.suppress(DeskvmError):
                 self.delete(session.id, reason=f"reset failed: {exc.message}")
             raise
+        except DeskvmError:
+            # Refused (expired, not ready) or not drawn in time: the hypervisor still has
+            # the spare (or the session's domain is the spare); the pool counts it again.
+            self._want_spare(session.id)
+            raise
         self._want_spare(session.id)  # for the next reset
         return session
 

@@ -26,8 +26,10 @@ start state ahead as the session's next generation, paused, at :data:`POOL_CPU_W
 :meth:`~orchestrator.hypervisor.base.Hypervisor.prepare_reset`): the session's next
 reset runs it instead of restoring. A spare counts in :meth:`WarmPool.memory_mib` (so in
 the memory budget), is restored only when the budget has room, and is evicted after the
-pooled desktops. A pooled desktop itself cannot serve a reset: libvirt renames only
-inactive persistent domains, and a session's domains carry its id in their name.
+pooled desktops (and by the refill of a pooled desktop that has no room: a pooled desktop
+saves a cold boot, a spare ~1 s of a reset). A pooled desktop itself cannot serve a
+reset: libvirt renames only inactive persistent domains, and a session's domains carry
+its id in their name.
 
 Identity: pool desktops have session ids and directories like sessions (a claimed one
 *becomes* the session), so the session manager keeps them out of its reaper
@@ -548,14 +550,23 @@ class WarmPool:
             with contextlib.suppress(DeskvmError):
                 self._hv.destroy(desktop.spec.session_id)
         while freed < need_mib:  # then reset spares (their sessions' resets restore)
-            with self._lock:
-                sid = next((i for i, sp in self._spares.items() if sp.phase == "ready"), None)
-                if sid is None:
-                    break
-                freed += self._spares.pop(sid).mib
-            with contextlib.suppress(DeskvmError):
-                self._hv.discard_reset_spare(sid)
+            mib = self._evict_spare()
+            if not mib:
+                break
+            freed += mib
         return freed
+
+    def _evict_spare(self) -> int:
+        """Destroy one ready reset spare (its session's next reset restores); the MiB
+        freed, 0 when there is none."""
+        with self._lock:
+            sid = next((i for i, sp in self._spares.items() if sp.phase == "ready"), None)
+            if sid is None:
+                return 0
+            mib = self._spares.pop(sid).mib
+        with contextlib.suppress(DeskvmError):
+            self._hv.discard_reset_spare(sid)
+        return mib
 
     # --- reset spares -----------------------------------------------------------------
 
@@ -758,6 +769,9 @@ class WarmPool:
         """A fresh id registered as busy (before any domain exists), or ``None`` when the
         memory budget has no room (``entry`` is then marked starved: claims do not wait)."""
         room = self._reserve(spec_mib)
+        while not room and self._evict_spare():
+            # A pooled desktop saves a cold boot, a spare ~1 s of a reset: spares give way.
+            room = self._reserve(spec_mib)
         with self._changed:
             entry.starved = not room
             if not room:
