@@ -103,7 +103,8 @@ def start_xterm(xserver: str, resources: list[str], started: Path) -> subprocess
     shell = f"touch {shlex.quote(str(started))}; exec sleep 600"
     return subprocess.Popen(
         ["xterm", "-geometry", "85x30+40+40", "-fn", "fixed", *xrm, "-e", "/bin/sh", "-c", shell],
-        env={**os.environ, "DISPLAY": xserver},
+        # xterm keeps a directory in TMPDIR (xtermXX...) that a killed xterm leaves behind.
+        env={**os.environ, "DISPLAY": xserver, "TMPDIR": str(started.parent)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
