@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,19 @@ def manager(tmp_path: Path, hv: FakeHypervisor, *, size: int = 2, **kw) -> Sessi
     assert m.pool is not None
     m.pool._interval_s = 0.05
     return m
+
+
+@contextlib.contextmanager
+def running_pool(m: SessionManager, hv: FakeHypervisor) -> Iterator[SessionManager]:
+    """``m`` with its pool started; at the end every session and the pool are closed,
+    and (when the body passed) nothing is left with the hypervisor, spares included."""
+    m.start_pool()
+    try:
+        yield m
+    finally:
+        m.close_all()
+        m.close_pool()
+    assert hv.domains == {} and hv.spares == {}
 
 
 def create(m: SessionManager, **kw):
@@ -558,9 +573,7 @@ def test_a_reset_runs_the_spare_restored_ahead(tmp_path: Path) -> None:
     # A reset restored its start state (~1 s on these hosts); the pool restores the
     # session's next generation ahead, paused at the pool's weight, and the reset runs it.
     hv = FakeHypervisor()
-    m = manager(tmp_path, hv, size=1)
-    m.start_pool()
-    try:
+    with running_pool(manager(tmp_path, hv, size=1), hv) as m:
         assert m.pool.wait_full(5)
         session = create(m)
         assert _wait_for(lambda: m.pool.status()[0]["reset_spares"] == 1)
@@ -582,19 +595,13 @@ def test_a_reset_runs_the_spare_restored_ahead(tmp_path: Path) -> None:
         m.delete(session.id)
         assert session.id not in hv.spares and session.id not in hv.domains
         assert _wait_for(lambda: m.pool.memory_mib() == HARD_MIB)
-    finally:
-        m.close_all()
-        m.close_pool()
-    assert hv.domains == {} and hv.spares == {}
 
 
 def test_a_reset_without_room_for_a_spare_restores(tmp_path: Path) -> None:
     # The memory budget holds the pooled desktop and the session: no spare, and the
     # reset restores as before.
     hv = FakeHypervisor()
-    m = manager(tmp_path, hv, size=1, max_total_memory_mib=2 * HARD_MIB)
-    m.start_pool()
-    try:
+    with running_pool(manager(tmp_path, hv, size=1, max_total_memory_mib=2 * HARD_MIB), hv) as m:
         assert m.pool.wait_full(5)
         session = create(m)
         assert m.pool.wait_full(5)
@@ -604,17 +611,11 @@ def test_a_reset_without_room_for_a_spare_restores(tmp_path: Path) -> None:
         assert hv.spares_used == 0 and hv.domains[session.id].restored_from is not None
         assert [e for e in lifecycle(session) if e["event"] == "reset_done"][-1]["spare"] is False
         assert m.pool.status()[0]["restored_resets"] == 1
-    finally:
-        m.close_all()
-        m.close_pool()
-    assert hv.domains == {} and hv.spares == {}
 
 
 def test_a_cold_session_evicts_reset_spares(tmp_path: Path) -> None:
     hv = FakeHypervisor()
-    m = manager(tmp_path, hv, size=1, max_total_memory_mib=3 * HARD_MIB)
-    m.start_pool()
-    try:
+    with running_pool(manager(tmp_path, hv, size=1, max_total_memory_mib=3 * HARD_MIB), hv) as m:
         assert m.pool.wait_full(5)
         warm = create(m)
         assert _wait_for(lambda: warm.id in hv.spares and m.pool.wait_full(0.1))
@@ -625,28 +626,18 @@ def test_a_cold_session_evicts_reset_spares(tmp_path: Path) -> None:
         m.reset(warm.id)  # without its spare: restored
         assert warm.state == "ready" and hv.spares_used == 0
         assert m.pool.status()[0]["restored_resets"] == 1
-    finally:
-        m.close_all()
-        m.close_pool()
-    assert hv.domains == {} and hv.spares == {}
 
 
 def test_a_spare_that_fails_leaves_the_session_alone(tmp_path: Path) -> None:
     hv = FakeHypervisor()
     hv.fail_on.add("prepare_reset")
-    m = manager(tmp_path, hv, size=1)
-    m.start_pool()
-    try:
+    with running_pool(manager(tmp_path, hv, size=1), hv) as m:
         assert m.pool.wait_full(5)
         session = create(m)
         time.sleep(0.3)
         assert session.state == "ready" and "prepare_reset" not in hv.fail_on
         m.reset(session.id)
         assert session.state == "ready" and session.resets == 1
-    finally:
-        m.close_all()
-        m.close_pool()
-    assert hv.domains == {} and hv.spares == {}
 
 
 def test_a_claim_of_the_running_head_changes_no_cpu_weight(tmp_path: Path) -> None:
@@ -683,9 +674,7 @@ def test_a_refused_reset_keeps_the_spare_counted(tmp_path: Path) -> None:
     # the hypervisor keeps it.
     clock = FakeClock()
     hv = FakeHypervisor()
-    m = manager(tmp_path, hv, size=1, clock=clock)
-    m.start_pool()
-    try:
+    with running_pool(manager(tmp_path, hv, size=1, clock=clock), hv) as m:
         assert m.pool.wait_full(5)
         session = create(m, idle_timeout_s=60)
         assert _wait_for(lambda: m.pool.status()[0]["reset_spares"] == 1)
@@ -695,19 +684,13 @@ def test_a_refused_reset_keeps_the_spare_counted(tmp_path: Path) -> None:
         assert session.id in hv.spares
         assert _wait_for(lambda: m.pool.memory_mib() == 2 * HARD_MIB)
         assert m.pool.status()[0]["reset_spares"] == 1
-    finally:
-        m.close_all()
-        m.close_pool()
-    assert hv.domains == {} and hv.spares == {}
 
 
 def test_reset_spares_give_way_to_the_pools_desktops(tmp_path: Path) -> None:
     # Room for four: a spare saves ~0.7 s of a reset, a pooled desktop a cold boot. A
     # spare must not keep the pool from refilling (the next warm start would boot cold).
     hv = FakeHypervisor()
-    m = manager(tmp_path, hv, size=1, max_total_memory_mib=4 * HARD_MIB)
-    m.start_pool()
-    try:
+    with running_pool(manager(tmp_path, hv, size=1, max_total_memory_mib=4 * HARD_MIB), hv) as m:
         assert m.pool.wait_full(5)
         first = create(m)
         assert _wait_for(lambda: first.id in hv.spares and m.pool.wait_full(0.1))
@@ -722,7 +705,3 @@ def test_reset_spares_give_way_to_the_pools_desktops(tmp_path: Path) -> None:
         assert fourth.start_kind == "warm"
         m.reset(first.id)  # without its spare: restored
         assert first.state == "ready"
-    finally:
-        m.close_all()
-        m.close_pool()
-    assert hv.domains == {} and hv.spares == {}
