@@ -19,14 +19,23 @@ are paced by time alone (``Pacing.key_s``, set with ``--key-ms``), to compare. T
 bridge's typed-characters rate limit is raised for the run so it measures the input path,
 not the limiter.
 
+Each batch of keys also waits until the guest X server has processed all but
+``KEY_ACK_WINDOW`` of the action's keys (the guest helper's count, see
+``orchestrator.display.key_pacing``); ``--no-key-acks`` turns that off to compare.
+
+``--guest-hogs N`` loads the guest instead: N spinning shells of the desktop user, started
+through guest control before the rounds (each ends by itself after ``--hog-max-s``). That
+is the load that made the guest kernel drop keys before they were paced by the X server.
+
 ``--hogs N`` loads the host while the rounds run: N ordinary processes (nice 0, never a
 real-time priority) that spin on the CPU, each ending by itself after ``--hog-max-s``
 seconds at the latest and stopped when the rounds end. The 1-minute load average is
 printed after each round.
 
 Run as root on a host set up by `deskvm doctor --fix` with the default image built:
-    python3 bench/input_typing.py [--chars 1000] [--rounds 3] [--hogs 4] [--non-us]
-        [--key-flow-ms 0] [--no-flow-control --key-ms 12]
+    python3 bench/input_typing.py [--chars 1000] [--rounds 3] [--hogs 4] [--guest-hogs 6]
+        [--non-us]
+        [--key-flow-ms 0] [--no-flow-control --key-ms 12] [--no-key-acks]
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from agent_bridge.client import Client
 from agent_bridge.input_check import ASCII_ALPHABET, NON_US_ALPHABET, measure_typing
 from agent_bridge.runtime import BackgroundServer, resolve_accel
 from agent_bridge.server import create_app
+from orchestrator.display.key_pacing import KeyPacer
 from orchestrator.display.qmp import QmpDisplay
 from orchestrator.hypervisor.libvirt import LibvirtHypervisor
 from orchestrator.input_plan import Pacing
@@ -96,9 +106,16 @@ def main() -> None:
         help="pace keys by time only (--key-ms), not by the guest's keyboard queue",
     )  # fmt: skip
     parser.add_argument(
+        "--no-key-acks", action="store_true",
+        help="do not wait for the guest X server's count of processed keys",
+    )  # fmt: skip
+    parser.add_argument(
         "--non-us", action="store_true", help="type non-US text (through the guest helper)"
     )
     parser.add_argument("--hogs", type=int, default=0, help="CPU hog processes during rounds")
+    parser.add_argument(
+        "--guest-hogs", type=int, default=0, help="CPU hog shells in the guest during rounds"
+    )
     parser.add_argument(
         "--hog-max-s", type=float, default=1800.0, help="hogs end by themselves after this"
     )
@@ -113,6 +130,8 @@ def main() -> None:
         pacing = dataclasses.replace(pacing, key_flow_s=args.key_flow_ms / 1000)
     if args.no_flow_control:
         QmpDisplay.key_flow_control = lambda self: False  # type: ignore[method-assign]
+    if args.no_key_acks:
+        KeyPacer.before = lambda self, keys, interrupt=None: None  # type: ignore[method-assign]
     manager = SessionManager(
         hypervisor=LibvirtHypervisor(
             settings.sessions_dir, accel=resolve_accel(settings), uri=settings.libvirt_uri
@@ -127,7 +146,9 @@ def main() -> None:
     token = secrets.token_urlsafe(24)
     flow = "off" if args.no_flow_control else "on"
     key_pause_ms = (pacing.key_s if args.no_flow_control else pacing.key_flow_s) * 1000
-    print(f"key flow control {flow}; pause after each key transition {key_pause_ms:.1f} ms")
+    acks = "off" if args.no_key_acks else "on"
+    print(f"key flow control {flow}; pause after each key transition {key_pause_ms:.1f} ms; "
+          f"X server key acknowledgements {acks}")  # fmt: skip
     print(f"load: {args.hogs} CPU hog(s) during the rounds on {os.cpu_count()} CPUs")
     print("text: " + ("non-US, through the guest helper" if args.non_us else "ASCII, via QEMU"))
     with (
@@ -135,9 +156,18 @@ def main() -> None:
         Client(server.url, token) as client,
     ):
         t0 = time.monotonic()
-        session = client.create_session(autostart="input-probe", boot_timeout_s=180)
+        session = client.create_session(
+            autostart="input-probe", boot_timeout_s=180, guest_control=args.guest_hogs > 0
+        )
         with session:
             print(f"probe session {session.id} ready in {time.monotonic() - t0:.1f} s")
+            if args.guest_hogs:
+                spin = f"timeout {args.hog_max_s:.0f} sh -c 'while :; do :; done'"
+                start = f"for i in $(seq {args.guest_hogs}); do {spin} & done"
+                detached = f"({start}) >/dev/null 2>&1 </dev/null &"
+                session.exec(["setsid", "sh", "-c", detached], timeout_s=30)
+                print(f"guest load: {args.guest_hogs} CPU hog shell(s) of the desktop user")
+                time.sleep(2.0)
             rates, exact_all = [], True
             with cpu_hogs(args.hogs, args.hog_max_s):
                 for i in range(args.rounds):
@@ -158,7 +188,8 @@ def main() -> None:
         f"typing throughput: {min(rates):.1f}..{max(rates):.1f} chars/s "
         f"(median {sorted(rates)[len(rates) // 2]:.1f}), {verdict}, "
         f"{args.rounds} x {args.chars} {'non-US' if args.non_us else 'printable ASCII'} chars, "
-        f"key flow control {flow}, key pause {key_pause_ms:.1f} ms, {args.hogs} CPU hog(s)"
+        f"key flow control {flow}, key pause {key_pause_ms:.1f} ms, X key acks {acks}, "
+        f"{args.hogs} CPU hog(s), {args.guest_hogs} in the guest"
     )
 
 

@@ -48,6 +48,7 @@ from orchestrator.approval import ApprovalPolicy, TypedWindow
 from orchestrator.capture import FrameCapture
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
+from orchestrator.display.key_pacing import KeyPacer
 from orchestrator.egress.base import (
     RETRY_WINDOW_S,
     Egress,
@@ -337,6 +338,7 @@ class Session:
         self._clock = clock or SystemClock()
         self._pacing = pacing or Pacing()
         self._key_flow: bool | None = None
+        self._key_pacer: KeyPacer | None = None  # for the domain's helper
         self._nic = nic
         self._egress = egress if spec.egress is not None else None
         self._egress_attached = False
@@ -1286,6 +1288,14 @@ class Session:
         domain = self._domain
         return domain is not None and domain.is_running()
 
+    def guest_key_events(self) -> int | None:
+        """The guest X server's count of processed key events, as its helper last reported
+        (see :mod:`orchestrator.display.key_pacing`); ``None`` without a counting helper."""
+        domain = self._domain
+        if domain is None or domain.helper is None:
+            return None
+        return domain.helper.key_events()
+
     def console_tail(self, max_bytes: int = 4096) -> str:
         """The last bytes of the guest console (empty once closed)."""
         if self._domain is not None and self._state in ("starting", "ready"):
@@ -1417,7 +1427,10 @@ class Session:
             except BaseException:
                 self._release_everything()
                 raise
-            self._recorder.append("result", _result_record(action, result))
+            outcome = _result_record(action, result)
+            if self._key_pacer is not None:
+                outcome.update(self._key_pacer.summary())
+            self._recorder.append("result", outcome)
             self._persist_quietly()  # last action (the idle deadline), cursor, typed text
             return result
 
@@ -1606,15 +1619,25 @@ class Session:
     def _run(self, action: Action, steps: list[PlanStep], source: Source) -> Result:
         assert self._domain is not None
         display = self.spec.display
+        # Keys wait for the guest X server to take those before (see key_pacing).
+        if self._key_pacer is None or self._key_pacer.helper is not self._domain.helper:
+            self._key_pacer = KeyPacer(self._domain.helper)
+        pacer = self._key_pacer
+        pacer.begin_action()
         for step in steps:
             if self._closing.is_set():
                 raise SessionClosed(f"session {self.id} ended during the action")
             if isinstance(step, HelperStep):
                 self._helper_request(step)
             else:
+                keys = sum(isinstance(event, KeyEvent) for event in step.events)
+                pacer.before(keys, self._closing)
+                if self._closing.is_set():
+                    raise SessionClosed(f"session {self.id} ended during the action")
                 self._domain.display.send(
                     step.events, width_px=display.width_px, height_px=display.height_px
                 )
+                pacer.sent(keys)
                 self._track(step.events)
             if self._clock.sleep(step.pause_s, self._closing):
                 raise SessionClosed(f"session {self.id} ended during the action")

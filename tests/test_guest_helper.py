@@ -251,6 +251,46 @@ def test_hostile_lines_are_dropped(channel_to) -> None:  # type: ignore[no-untyp
     assert channel.dropped_lines >= 5
 
 
+def test_key_events_come_with_the_hello_and_on_their_own(channel_to) -> None:  # type: ignore[no-untyped-def]
+    def counting(m: dict[str, Any]) -> list[bytes]:
+        return [line({**HELLO, "key_events": 40, "id": m["id"]})] if m["op"] == "hello" else []
+
+    channel, guest = channel_to(counting)
+    assert channel.unavailable_reason(wait_s=2.0) is None
+    assert channel.key_events() == 40
+    waiter = threading.Timer(0.2, guest.send, [line({"key_events": 46})])
+    waiter.start()
+    t0 = time.monotonic()
+    assert channel.wait_key_events(46, timeout_s=5.0) == 46
+    assert time.monotonic() - t0 < 2.0
+    # A restarted helper counts from 0: a wait ends on a lower count too.
+    threading.Timer(0.2, guest.send, [line({"key_events": 2})]).start()
+    assert channel.wait_key_events(100, timeout_s=5.0) == 2
+    t0 = time.monotonic()
+    assert channel.wait_key_events(100, timeout_s=0.3) == 2  # times out
+    assert time.monotonic() - t0 >= 0.3
+    assert guest.conn is not None
+    guest.conn.shutdown(socket.SHUT_RDWR)  # the domain stopped: no count any more
+    deadline = time.monotonic() + 2.0
+    while channel.key_events() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert channel.key_events() is None
+
+
+def test_hostile_key_events_are_dropped(channel_to) -> None:  # type: ignore[no-untyped-def]
+    channel, guest = channel_to(lambda m: [line({**HELLO, "id": m["id"]})])
+    assert channel.unavailable_reason(wait_s=2.0) is None
+    assert channel.key_events() is None  # a helper that does not count
+    for value in (True, -1, 1.5, "7", None, 1 << 63, [3]):
+        guest.send(line({"key_events": value}))
+    guest.send(line({"key_events": 9}))
+    deadline = time.monotonic() + 2.0
+    while channel.key_events() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert channel.key_events() == 9
+    assert channel.dropped_lines == 7
+
+
 def test_unannounced_helper_is_unavailable_with_a_reason(channel_to) -> None:  # type: ignore[no-untyped-def]
     channel, _ = channel_to(lambda m: [])
     reason = channel.unavailable_reason(wait_s=0.2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import multiprocessing
 import os
 import pty
 import select
@@ -205,3 +206,87 @@ def test_a_restarted_helper_takes_back_the_keycodes_an_earlier_one_bound() -> No
     assert injector.free == [100, 101, 102]
     assert injector.on_map[0xF1] == (104, False) and 0x01007F8E not in injector.on_map
     assert injector.on_map[0xD1] == (104, True)  # the real key's second level wins
+
+
+# --- key acknowledgements: the real counter on a real X server (Xvfb) ---------------------
+
+
+def xtest_keys(name: str, keycodes: list[int]) -> None:
+    """Another X client presses and releases each key through XTEST."""
+    from Xlib import X, display
+    from Xlib.ext import xtest
+
+    conn = display.Display(name)
+    try:
+        for keycode in keycodes:
+            xtest.fake_input(conn, X.KeyPress, keycode)
+            xtest.fake_input(conn, X.KeyRelease, keycode)
+        conn.sync()
+    finally:
+        conn.close()
+
+
+def pump_until(counter: Any, count: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while counter.count < count and time.monotonic() < deadline:
+        select.select([counter.fd], [], [], 0.05)
+        counter.pump()
+
+
+def test_the_key_counter_counts_processed_keys_but_never_xtest_s(
+    xserver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPLAY", xserver)
+    helper = load_helper()
+    every_keyboard = helper.KeyCounter(counted=lambda name: True)
+    default = helper.KeyCounter()
+    assert every_keyboard.count == default.count == 0
+    xtest_keys(xserver, [38, 56, 54])  # a b c
+    pump_until(every_keyboard, 6)
+    assert every_keyboard.count == 6  # 3 presses, 3 releases, once each (no master copy)
+    default.pump()
+    assert default.count == 0  # the helper's own typing (XTEST) is not an acknowledgement
+    names = set(default.devices.values())
+    assert names == {True, False}  # Xvfb's own keyboard counts, XTEST's does not
+
+
+def _serve_counting_every_keyboard(guest_fd: int) -> None:
+    """The helper's serve loop counting XTEST's keys too (Xvfb has no other keyboard)."""
+    helper = load_helper()
+    counter = helper.KeyCounter(counted=lambda name: True)
+    helper.serve(guest_fd, FakeInjector(helper), None, counter)
+
+
+def test_the_helper_reports_the_count_in_its_hello_and_on_each_change(
+    xserver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPLAY", xserver)
+    host_fd, guest_fd = pty.openpty()
+    tty.setraw(guest_fd)
+    tty.setraw(host_fd)
+    # A process, not a thread: Xlib ends the whole process when its X server goes away.
+    guest = multiprocessing.get_context("fork").Process(
+        target=_serve_counting_every_keyboard, args=(guest_fd,), daemon=True
+    )
+    guest.start()
+    port = Port(host_fd)
+    try:
+        hello = port.read(timeout_s=10.0)
+        assert hello is not None and hello["key_events"] == 0
+        xtest_keys(xserver, [38, 56])
+        seen: list[int] = []
+        while (message := port.read()) is not None:
+            assert set(message) == {"key_events"}, message
+            seen.append(message["key_events"])
+            if seen[-1] == 4:
+                break
+        assert seen and seen[-1] == 4 and seen == sorted(seen)
+        # A request still works between the reports, and hello gives the count now.
+        port.send({"id": 3, "op": "hello"})
+        reply = port.read()
+        assert reply is not None and reply["id"] == 3 and reply["key_events"] == 4
+    finally:
+        guest.kill()
+        guest.join(timeout=10.0)
+        os.close(host_fd)
+        os.close(guest_fd)

@@ -46,27 +46,6 @@ def image_xterm_resources() -> list[str]:
 
 
 @pytest.fixture
-def xserver() -> Iterator[str]:
-    """An Xvfb display (``:N``), stopped at the end."""
-    read_fd, write_fd = os.pipe()
-    proc = subprocess.Popen(
-        ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
-        pass_fds=(write_fd,),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.close(write_fd)
-    with os.fdopen(read_fd) as pipe:
-        number = pipe.readline().strip()
-    try:
-        assert number, "Xvfb did not report its display number"
-        yield f":{number}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-@pytest.fixture
 def silent_wm(xserver: str) -> Iterator[None]:
     """A window manager that maps windows and never answers configure requests."""
     conn = display.Display(xserver)

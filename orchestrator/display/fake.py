@@ -211,6 +211,11 @@ class FakeGuestHelper:
     * ``a11y_tree``: a small canned tree of the windows;
     * ``set_resolution``: resizes the display (any size ``check_display_size`` allows).
 
+    Key acknowledgements (:meth:`key_events`): ``None`` unless :attr:`key_acks` is set.
+    Then the count is :attr:`keys_processed`, which moves only when the host waits
+    (:meth:`wait_key_events`): the fake X server then takes the keys the display has
+    received, up to what the host waits for, unless :attr:`keys_stalled` is set.
+
     Args:
         display: the display it acts on.
         available: ``False`` models a guest whose helper never announced itself.
@@ -219,6 +224,9 @@ class FakeGuestHelper:
     def __init__(self, display: FakeDisplay, *, available: bool = True) -> None:
         self.display = display
         self.available = available
+        self.key_acks = False
+        self.keys_processed = 0
+        self.keys_stalled = False
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.wheels: list[tuple[str, int, int, int, int]] = []
         self.fail_next: str | None = None
@@ -241,6 +249,15 @@ class FakeGuestHelper:
 
     def unavailable_reason(self, wait_s: float = 0.0) -> str | None:
         return None if self.available else "the guest helper has not announced itself"
+
+    def key_events(self) -> int | None:
+        return self.keys_processed if self.key_acks and self.available else None
+
+    def wait_key_events(self, at_least: int, timeout_s: float) -> int | None:
+        if self.key_acks and not self.keys_stalled:
+            received = sum(isinstance(e, KeyEvent) for e in self.display.events)
+            self.keys_processed = max(self.keys_processed, min(at_least, received))
+        return self.key_events()
 
     def request(self, op: str, args: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
         if not self.available:

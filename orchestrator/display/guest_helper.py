@@ -19,6 +19,13 @@ request the host gave up on before ``ready`` (no helper was reading, say) is nev
 confirmed, so a helper that reads it later drops it: what the host reported as not done
 is never done.
 
+Key acknowledgements: a helper that can count the X server's key events (XInput2 raw
+events) puts ``"key_events": N`` in its hello and sends ``{"key_events": N}`` whenever N
+changes: the key presses and releases the X server has processed from the keyboard QEMU
+drives, since the helper started. :meth:`GuestHelper.key_events` and
+:meth:`GuestHelper.wait_key_events` give it to :class:`orchestrator.display.key_pacing.KeyPacer`,
+which keeps QEMU's keys only a few ahead of it.
+
 The guest is untrusted: lines are bounded (:data:`MAX_LINE_BYTES`), anything that is not a
 JSON object, not the hello or not an answer to the pending request is dropped, writes
 and every phase of a request have deadlines, and a helper that does not acknowledge a
@@ -99,6 +106,17 @@ class GuestHelper(Protocol):
         """The helper's announcement (``ops``, ``spare_keycodes``...); empty before it."""
         ...
 
+    def key_events(self) -> int | None:
+        """The guest X server's count of processed key events (presses and releases from
+        QEMU's keyboard since the helper started), as last reported; ``None`` when the
+        helper reports none (not announced, or no XInput2 in the guest)."""
+        ...
+
+    def wait_key_events(self, at_least: int, timeout_s: float) -> int | None:
+        """Wait until :meth:`key_events` is ``at_least`` (or lower than before: a restarted
+        helper counts from 0 again) or ``timeout_s`` passed; the count then."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -133,6 +151,8 @@ class HelperChannel:
         self._gone_reason: str | None = None
         self._dropped_lines = 0
         self._reader: threading.Thread | None = None
+        self._keys = threading.Condition()
+        self._key_events: int | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -147,6 +167,31 @@ class HelperChannel:
     def hello_info(self) -> dict[str, Any]:
         """The helper's announcement (empty until it arrives)."""
         return dict(self._hello_info)
+
+    def key_events(self) -> int | None:
+        return self._key_events
+
+    def wait_key_events(self, at_least: int, timeout_s: float) -> int | None:
+        with self._keys:
+            start = self._key_events
+            self._keys.wait_for(
+                lambda: (
+                    self._key_events is None
+                    or self._key_events >= at_least
+                    or (start is not None and self._key_events < start)
+                ),
+                timeout=timeout_s,
+            )
+            return self._key_events
+
+    def _set_key_events(self, value: Any) -> None:
+        # The guest is untrusted: only a plain non-negative integer counts.
+        if type(value) is not int or not 0 <= value < 1 << 63:
+            self._dropped_lines += 1
+            return
+        with self._keys:
+            self._key_events = value
+            self._keys.notify_all()
 
     def connect(self) -> None:
         """Connect to QEMU's end of the channel and start reading.
@@ -251,6 +296,9 @@ class HelperChannel:
         """The helper stopped answering: unavailable until it announces itself again."""
         self._hello.clear()
         self._gone_reason = reason
+        with self._keys:  # a helper that does not answer reports no count either
+            self._key_events = None
+            self._keys.notify_all()
 
     def close(self) -> None:
         self._fail_all("the guest helper channel was closed")
@@ -289,6 +337,9 @@ class HelperChannel:
         for entry in pending:
             entry.ready.set()
             entry.done.set()
+        with self._keys:
+            self._key_events = None
+            self._keys.notify_all()
 
     def _read_loop(self) -> None:
         buf = bytearray()
@@ -338,6 +389,12 @@ class HelperChannel:
             if obj.get("protocol") == HELPER_PROTOCOL:
                 keep = ("hello", "protocol", "ops", "spare_keycodes")
                 self._hello_info = {k: obj[k] for k in keep if k in obj}
+                if "key_events" in obj:
+                    self._set_key_events(obj["key_events"])
+                else:
+                    with self._keys:
+                        self._key_events = None
+                        self._keys.notify_all()
                 self._gone_reason = None
                 self._hello.set()
             else:
@@ -346,6 +403,9 @@ class HelperChannel:
                     f"the guest helper speaks protocol {obj.get('protocol')!r}, "
                     f"not {HELPER_PROTOCOL}"
                 )
+            return
+        if "key_events" in obj and "id" not in obj:
+            self._set_key_events(obj["key_events"])
             return
         request_id = obj.get("id")
         with self._state_lock:

@@ -1,0 +1,234 @@
+"""Keys paced by the guest X server's processed-key count (fakes, no VM).
+
+The real count (the helper's XInput2 raw events) is exercised on Xvfb by
+``tests/test_helper_script.py`` and in a busy real guest by
+``tests/vm/test_key_pacing_vm.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_bridge.protocol import parse_deskvm_action
+from orchestrator.clock import FakeClock
+from orchestrator.display.base import KeyEvent
+from orchestrator.display.key_pacing import KEY_ACK_WINDOW, KeyPacer
+from orchestrator.hypervisor.fake import FakeHypervisor
+from orchestrator.input_plan import Pacing
+from orchestrator.recorder import MemoryRecorder
+from orchestrator.session import Session
+from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
+
+
+class Counter:
+    """A guest helper's key count, moved by the test (or by a thread)."""
+
+    def __init__(self, value: int | None = 0) -> None:
+        self.value = value
+        self.waits: list[int] = []
+        self.on_wait: list[int | None] = []  # values taken, one per wait, if any
+
+    def key_events(self) -> int | None:
+        return self.value
+
+    def wait_key_events(self, at_least: int, timeout_s: float) -> int | None:
+        self.waits.append(at_least)
+        if self.on_wait:
+            self.value = self.on_wait.pop(0)
+        else:
+            time.sleep(min(timeout_s, 0.01))
+        return self.value
+
+
+def test_keys_within_the_window_go_at_once() -> None:
+    counter = Counter(100)
+    pacer = KeyPacer(counter, window=4)  # type: ignore[arg-type]
+    pacer.before(4)
+    pacer.sent(4)
+    assert counter.waits == []
+
+
+def test_keys_beyond_the_window_wait_for_the_count() -> None:
+    counter = Counter(100)
+    pacer = KeyPacer(counter, window=4)  # type: ignore[arg-type]
+    pacer.before(3)
+    pacer.sent(3)
+    counter.on_wait = [100, 101, 102]
+    pacer.before(3)  # 6 sent, 4 may be unprocessed: wait for 102
+    assert counter.waits == [102, 102, 102]
+    assert counter.value == 102
+
+
+def test_short_actions_cannot_run_ahead_one_after_another() -> None:
+    counter = Counter(0)
+    pacer = KeyPacer(counter, window=4, stall_s=0.2)  # type: ignore[arg-type]
+    for _ in range(2):  # each action alone is within the window; together they are not
+        pacer.begin_action()
+        pacer.before(3)
+        pacer.sent(3)
+    assert pacer.waited_s >= 0.2 and pacer.gave_up  # the X server never counted a key
+
+
+def test_a_count_that_stands_still_ends_the_pacing_for_the_action() -> None:
+    counter = Counter(7)
+    pacer = KeyPacer(counter, window=2, stall_s=0.2)  # type: ignore[arg-type]
+    pacer.before(2)
+    pacer.sent(2)
+    t0 = time.monotonic()
+    pacer.before(2)
+    assert 0.2 <= time.monotonic() - t0 < 2.0
+    assert pacer.gave_up and pacer.summary()["key_acks_stalled"] is True
+    waits = len(counter.waits)
+    pacer.sent(2)
+    pacer.before(50)  # no more waiting in this action
+    assert len(counter.waits) == waits
+    pacer.begin_action()  # the next action tries again
+    assert not pacer.gave_up
+
+
+def test_slow_progress_is_not_a_stall() -> None:
+    counter = Counter(0)
+    pacer = KeyPacer(counter, window=1, stall_s=0.3)  # type: ignore[arg-type]
+
+    def x_server() -> None:  # one key every 0.1 s: 1 s in all, each step within stall_s
+        for value in range(1, 11):
+            time.sleep(0.1)
+            counter.value = value
+
+    thread = threading.Thread(target=x_server)
+    thread.start()
+    for _ in range(11):
+        pacer.before(1)
+        pacer.sent(1)
+    thread.join()
+    assert not pacer.gave_up and pacer.waited_s >= 0.8
+
+
+def test_after_an_idle_gap_counting_starts_afresh() -> None:
+    counter = Counter(0)
+    pacer = KeyPacer(counter, window=4, stall_s=5.0, resync_s=0.2)  # type: ignore[arg-type]
+    pacer.before(4)
+    pacer.sent(4)  # never counted (keys the X server ignored, say)
+    time.sleep(0.3)
+    pacer.before(4)
+    assert counter.waits == [] and not pacer.gave_up
+
+
+def test_counts_beyond_what_was_sent_give_no_credit() -> None:
+    counter = Counter(0)
+    pacer = KeyPacer(counter, window=4, stall_s=0.2)  # type: ignore[arg-type]
+    pacer.before(4)
+    pacer.sent(4)
+    counter.value = 100  # keys from elsewhere (another keyboard, repeats)
+    pacer.before(4)
+    pacer.sent(4)
+    assert not pacer.gave_up
+    pacer.before(1)  # 4 unprocessed: one more must wait
+    assert pacer.gave_up
+
+
+def test_a_restarted_helper_counts_from_its_new_start() -> None:
+    counter = Counter(500)
+    pacer = KeyPacer(counter, window=2)  # type: ignore[arg-type]
+    pacer.before(2)
+    pacer.sent(2)
+    counter.value = 3  # a new helper: its count is lower than where counting started
+    pacer.before(2)
+    assert counter.waits == [] and not pacer.gave_up
+
+
+def test_no_helper_or_no_count_never_waits() -> None:
+    KeyPacer(None).before(1000)
+    counter = Counter(None)
+    pacer = KeyPacer(counter)  # type: ignore[arg-type]
+    pacer.sent(1000)
+    pacer.before(1000)
+    assert counter.waits == [] and pacer.summary() == {}
+
+
+def test_a_closing_session_stops_the_wait() -> None:
+    counter = Counter(0)
+    pacer = KeyPacer(counter, window=1, stall_s=30.0)  # type: ignore[arg-type]
+    pacer.before(1)
+    pacer.sent(1)
+    closing = threading.Event()
+    threading.Timer(0.2, closing.set).start()
+    t0 = time.monotonic()
+    pacer.before(1, closing)
+    assert time.monotonic() - t0 < 2.0 and not pacer.gave_up
+
+
+# --- the session ----------------------------------------------------------------------------
+
+IMAGE = BootImage(
+    "debian12-desktop", "cd" * 32, Path("/b"), Path("/k"), Path("/i"),
+    helper_port="dev.deskvm.helper.0",
+)  # fmt: skip
+
+
+ONE_TYPE = [{"action": "type", "text": "Hello, World! " * 20 + "\n"}]
+KEY_PER_CHAR = [{"action": "key", "keys": "x"} for _ in range(150)]  # pyautogui.press-style
+
+
+@pytest.mark.parametrize("actions", [ONE_TYPE, KEY_PER_CHAR], ids=["one_type", "key_per_char"])
+def test_a_session_never_runs_more_than_the_window_ahead_of_the_x_server(
+    actions: list[dict[str, str]],
+) -> None:
+    clock = FakeClock()
+    hv = FakeHypervisor()
+    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
+    session = Session(
+        spec, hypervisor=hv, recorder=MemoryRecorder(clock), clock=clock,
+        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
+    )  # fmt: skip
+    with session:
+        domain = hv.domains[session.id]
+        helper, display = domain.helper, domain.display
+        assert helper is not None
+        helper.key_acks = True
+        ahead: list[int] = []
+        send = display.send
+
+        def watched(events, **kwargs):  # type: ignore[no-untyped-def]
+            keys = sum(isinstance(e, KeyEvent) for e in events)
+            received = sum(isinstance(e, KeyEvent) for e in display.events)
+            ahead.append(received + keys - helper.keys_processed)
+            send(events, **kwargs)
+
+        display.send = watched  # type: ignore[method-assign]
+        for action in actions:
+            session.execute(parse_deskvm_action(action))
+        sent = sum(isinstance(e, KeyEvent) for e in display.events)
+        assert sent >= 2 * len(actions) and ahead
+        assert max(ahead) <= KEY_ACK_WINDOW
+        # Most of the keys were sent while the X server lagged: the window was used.
+        assert max(ahead) > KEY_ACK_WINDOW // 2
+
+
+def test_the_result_says_how_long_keys_waited_only_when_the_guest_counts_them() -> None:
+    clock = FakeClock()
+    hv = FakeHypervisor()
+    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
+    recorder = MemoryRecorder(clock)
+    session = Session(
+        spec, hypervisor=hv, recorder=recorder, clock=clock,
+        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
+    )  # fmt: skip
+    with session:
+        helper = hv.domains[session.id].helper
+        assert helper is not None
+        session.execute(parse_deskvm_action({"action": "type", "text": "no count\n"}))
+        helper.key_acks = True
+        session.execute(parse_deskvm_action({"action": "type", "text": "counted " * 10}))
+        session.execute(parse_deskvm_action({"action": "click", "x": 5, "y": 5}))
+        results = [e.data for e in recorder.events if e.kind == "result"]
+        assert "key_wait_s" not in results[-3]
+        assert isinstance(results[-2]["key_wait_s"], float)
+        assert "key_wait_s" not in results[-1]  # no key sent
+        assert session.guest_key_events() == helper.keys_processed
+        helper.key_acks = False
+        assert session.guest_key_events() is None
