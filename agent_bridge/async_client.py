@@ -362,7 +362,8 @@ class AsyncSession(AsyncVisualChecks):
 
         Raises:
             RemoteError: the reply is an error (``code`` from the server).
-            SessionClosed: the server closed the WebSocket because the session ended.
+            SessionClosed: the session ended (the WebSocket closed with 1001, or the reply
+                is ``session_closed``).
             BridgeConnectionError: transport failure or no reply within ``timeout_s``.
         """
         return reply_result(await self._exchange(message, timeout_s))

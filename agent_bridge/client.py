@@ -19,7 +19,8 @@ REST calls go through one ``httpx.Client``; actions go over one WebSocket per
     │                          ``code`` is the server's code (``out_of_screen``...)
     ├── BridgeConnectionError  transport failure: refused, reset, timed out, handshake denied,
     │                          WebSocket closed (``close_code``, ``close_reason``)
-    └── SessionClosed          the server closed the WebSocket because the session ended (1001)
+    └── SessionClosed          the session ended: the server closed the WebSocket (1001) or
+                               answered a request ``session_closed``
 
 ``httpx`` and ``websockets`` exceptions never escape: they are translated here, with the
 original as ``__cause__``. See ``docs/protocol.md`` for the wire protocol.
@@ -411,14 +412,18 @@ def reply_result(reply: Mapping[str, Any]) -> Any:
     """The ``result`` of a reply, or the error it carries raised.
 
     Raises:
-        RemoteError: an error reply.
+        SessionClosed: an error reply ``session_closed`` (the session ended while the
+            WebSocket was still open: the same as the server closing it with 1001, which
+            of the two a client sees depends only on timing).
+        RemoteError: any other error reply.
     """
     if reply.get("ok"):
         return reply.get("result", {})
     error = reply.get("error") or {}
-    raise RemoteError(
-        str(error.get("code", "unknown_error")), str(error.get("message", "")), body=error
-    )
+    code, message = str(error.get("code", "unknown_error")), str(error.get("message", ""))
+    if code == SessionClosed.code:
+        raise SessionClosed(message or "the session ended")
+    raise RemoteError(code, message, body=error)
 
 
 def image_of(result: Mapping[str, Any]) -> Screenshot:
@@ -1076,7 +1081,8 @@ class Session(VisualChecks):
 
         Raises:
             RemoteError: the reply is an error (``code`` from the server).
-            SessionClosed: the server closed the WebSocket because the session ended.
+            SessionClosed: the session ended (the WebSocket closed with 1001, or the reply
+                is ``session_closed``).
             BridgeConnectionError: transport failure or no reply within ``timeout_s``.
         """
         return reply_result(self._exchange(message, timeout_s))

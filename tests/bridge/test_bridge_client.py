@@ -10,7 +10,7 @@ import pytest
 from conftest import IMAGE, TOKEN
 
 import agent_bridge
-from agent_bridge.client import BridgeConnectionError, Client, RemoteError, Session
+from agent_bridge.client import BridgeConnectionError, Client, RemoteError, Session, reply_result
 from orchestrator.errors import DeskvmError, SessionClosed
 from orchestrator.hypervisor.fake import FakeHypervisor
 
@@ -117,6 +117,22 @@ def test_session_ended_raises_session_closed(bridge: Client) -> None:
     # Said once, with the reason (it read "ended: session ended: deleted by client").
     assert str(info.value) == f"session {session.id} ended: deleted by client"
     assert session.delete() is not None  # deleting an ended session is fine
+
+
+def test_a_session_closed_reply_is_session_closed_like_the_close_itself(bridge: Client) -> None:
+    # Deleted while the WebSocket is open: the next request either gets the close (1001)
+    # or, if it was sent first, an error reply; both are SessionClosed, never RemoteError.
+    session = bridge.create_session()
+    session.cursor_position()
+    bridge.delete_session(session.id)
+    with pytest.raises(SessionClosed):
+        session.cursor_position()
+    reply = {"ok": False, "error": {"code": "session_closed", "message": "session x ended"}}
+    with pytest.raises(SessionClosed, match=r"^session x ended$"):
+        reply_result(reply)
+    with pytest.raises(RemoteError) as info:
+        reply_result({"ok": False, "error": {"code": "busy", "message": "later"}})
+    assert info.value.code == "busy"
 
 
 def test_unreachable_server_is_a_connection_error() -> None:
