@@ -125,7 +125,7 @@ def main() -> None:
                 totals["whole"] += whole
                 totals["runs_with_loss"] += whole < len(markers)
                 totals["sent"] += sent
-                totals["counted"] += counted
+                totals["counted"] += max(counted, 0)  # -1: no count reported
     print(f"key loss, X acks {acks}: {totals['lines'] - totals['whole']} of {totals['lines']} "
           f"lines not whole, {totals['runs_with_loss']} of {args.runs} runs with a loss; "
           f"key events sent {totals['sent']}, processed {totals['counted']}")  # fmt: skip

@@ -1624,14 +1624,18 @@ class Session:
             self._key_pacer = KeyPacer(self._domain.helper)
         pacer = self._key_pacer
         pacer.begin_action()
-        for step in steps:
+        for index, step in enumerate(steps):
             if self._closing.is_set():
                 raise SessionClosed(f"session {self.id} ended during the action")
             if isinstance(step, HelperStep):
                 self._helper_request(step)
             else:
                 keys = sum(isinstance(event, KeyEvent) for event in step.events)
-                pacer.before(keys, self._closing)
+                if keys and not self._keys_down:
+                    # Room for the whole press..release group, before its first press:
+                    # never wait while a key is down (a held key autorepeats in the guest,
+                    # X after 660 ms, the kernel's evdev after 250 ms).
+                    pacer.before(_key_group(steps, index), self._closing)
                 if self._closing.is_set():
                     raise SessionClosed(f"session {self.id} ended during the action")
                 self._domain.display.send(
@@ -1959,6 +1963,20 @@ def _scrub(raw: Any, secret: str) -> Any:
     if isinstance(raw, list | tuple):
         return [_scrub(v, secret) for v in raw]
     return raw
+
+
+def _key_group(steps: list[PlanStep], start: int) -> int:
+    """Key events from ``steps[start]`` until every key pressed since is released again."""
+    down: set[str] = set()
+    total = 0
+    for step in steps[start:]:
+        for event in step.events:
+            if isinstance(event, KeyEvent):
+                total += 1
+                (down.add if event.down else down.discard)(event.qcode)
+        if not down:
+            break
+    return total
 
 
 def _result_record(action: Action, result: Result) -> dict[str, Any]:

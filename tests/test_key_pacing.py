@@ -112,10 +112,21 @@ def test_after_an_idle_gap_counting_starts_afresh() -> None:
     counter = Counter(0)
     pacer = KeyPacer(counter, window=4, stall_s=5.0, resync_s=0.2)  # type: ignore[arg-type]
     pacer.before(4)
-    pacer.sent(4)  # never counted (keys the X server ignored, say)
+    pacer.sent(4)
+    counter.value = 1  # the X server read after the send; 3 never counted (lost, say)
     time.sleep(0.3)
     pacer.before(4)
     assert counter.waits == [] and not pacer.gave_up
+
+
+def test_an_idle_gap_forgets_nothing_while_the_x_server_reads_nothing() -> None:
+    counter = Counter(0)
+    pacer = KeyPacer(counter, window=4, stall_s=0.3, resync_s=0.1)  # type: ignore[arg-type]
+    pacer.before(4)
+    pacer.sent(4)  # the X server is busy: not one key read since
+    time.sleep(0.2)
+    pacer.before(4)  # 4 still in the kernel's buffer: 4 more would be 8
+    assert counter.waits and pacer.gave_up
 
 
 def test_counts_beyond_what_was_sent_give_no_credit() -> None:
@@ -232,3 +243,53 @@ def test_the_result_says_how_long_keys_waited_only_when_the_guest_counts_them() 
         assert session.guest_key_events() == helper.keys_processed
         helper.key_acks = False
         assert session.guest_key_events() is None
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        {"action": "key", "keys": "shift+x"},
+        {"action": "key", "keys": "ctrl+alt+t"},
+        {"action": "hold_key", "keys": "x", "duration_ms": 10},
+        {"action": "click", "x": 5, "y": 5, "hold": "ctrl"},
+    ],
+    ids=["combo", "three_keys", "hold_key", "click_with_hold"],
+)
+def test_keys_never_wait_while_a_key_is_down(
+    action: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held key autorepeats in the guest (X after 660 ms): waits come before a press."""
+    monkeypatch.setitem(KeyPacer.__init__.__kwdefaults__, "stall_s", 0.2)
+    monkeypatch.setitem(KeyPacer.__init__.__kwdefaults__, "resync_s", 0.1)
+    clock = FakeClock()
+    hv = FakeHypervisor()
+    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
+    session = Session(
+        spec, hypervisor=hv, recorder=MemoryRecorder(clock), clock=clock,
+        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
+    )  # fmt: skip
+    with session:
+        domain = hv.domains[session.id]
+        helper, display = domain.helper, domain.display
+        assert helper is not None
+        helper.key_acks, helper.keys_stalled = True, True  # the count stands still
+        held: set[str] = set()
+        waited_with: list[set[str]] = []
+        send, last = display.send, [time.monotonic()]
+
+        def watched(events, **kwargs):  # type: ignore[no-untyped-def]
+            if time.monotonic() - last[0] >= 0.15:
+                waited_with.append(set(held))
+            for e in events:
+                if isinstance(e, KeyEvent):
+                    (held.add if e.down else held.discard)(e.qcode)
+            send(events, **kwargs)
+            last[0] = time.monotonic()
+
+        display.send = watched  # type: ignore[method-assign]
+        for lead in range(KEY_ACK_WINDOW - 6, KEY_ACK_WINDOW + 1, 2):  # the window nearly full
+            session.execute(parse_deskvm_action({"action": "type", "text": "a" * (lead // 2)}))
+            last[0] = time.monotonic()
+            session.execute(parse_deskvm_action(action))
+            time.sleep(0.15)  # an idle gap: counting starts afresh
+        assert waited_with and all(not keys for keys in waited_with), waited_with

@@ -82,6 +82,7 @@ class KeyPacer:
         self._origin: int | None = None  # the count when _sent was 0
         self._sent = 0
         self._last_send = float("-inf")
+        self._count_at_send: int | None = None  # the count when keys were last sent
         self._action_keys = 0
         self._counted = False
         self.waited_s = 0.0
@@ -103,6 +104,7 @@ class KeyPacer:
         """
         if self.helper is None or keys <= 0 or self.gave_up:
             return
+        keys = min(keys, self._window)  # more than a window: wait until all are processed
         count = self.helper.key_events()
         if count is None:
             return
@@ -110,8 +112,11 @@ class KeyPacer:
         start = time.monotonic()
         if (
             self._origin is None
-            or start - self._last_send >= self._resync_s
             or count < self._origin  # a restarted helper counts from 0
+            # Idle, and the X server has read keys since the last were sent: what it has
+            # not counted by now it never will. (A count that has not moved since may be
+            # an X server that is not reading: those keys are still in the kernel buffer.)
+            or (start - self._last_send >= self._resync_s and count != self._count_at_send)
         ):
             self._origin, self._sent = count, 0
         last_progress, last = start, count
@@ -152,6 +157,7 @@ class KeyPacer:
         self._sent += keys
         self._action_keys += keys
         self._last_send = time.monotonic()
+        self._count_at_send = None if self.helper is None else self.helper.key_events()
 
     def summary(self) -> dict[str, object]:
         """For the action's ``result`` record: ``{"key_wait_s": s}`` (seconds its keys
