@@ -94,14 +94,14 @@ def test_slow_progress_is_not_a_stall() -> None:
     counter = Counter(0)
     pacer = KeyPacer(counter, window=1, stall_s=0.3)  # type: ignore[arg-type]
 
-    def x_server() -> None:  # one key every 0.1 s: 1 s in all, each step within stall_s
-        for value in range(1, 11):
-            time.sleep(0.1)
+    def x_server() -> None:  # a key every 20 ms (50/s): 1 s in all, each step within stall_s
+        for value in range(1, 51):
+            time.sleep(0.02)
             counter.value = value
 
     thread = threading.Thread(target=x_server)
     thread.start()
-    for _ in range(11):
+    for _ in range(51):
         pacer.before(1)
         pacer.sent(1)
     thread.join()
@@ -293,3 +293,28 @@ def test_keys_never_wait_while_a_key_is_down(
             session.execute(parse_deskvm_action(action))
             time.sleep(0.15)  # an idle gap: counting starts afresh
         assert waited_with and all(not keys for keys in waited_with), waited_with
+
+
+def test_a_count_that_creeps_cannot_stretch_an_action_without_end() -> None:
+    counter = Counter(0)
+    pacer = KeyPacer(counter, window=1, stall_s=0.3)  # type: ignore[arg-type]
+    stop = threading.Event()
+
+    def creeping() -> None:  # one key every 0.25 s: always just inside stall_s
+        while not stop.wait(0.25):
+            counter.value = (counter.value or 0) + 1
+
+    thread = threading.Thread(target=creeping)
+    thread.start()
+    t0 = time.monotonic()
+    try:
+        for _ in range(200):  # 200 key events: at most 0.3 + 0.05 * 200 = 10.3 s of waits
+            pacer.before(1)
+            pacer.sent(1)
+            if pacer.gave_up:
+                break
+    finally:
+        stop.set()
+        thread.join()
+    assert pacer.gave_up and pacer.summary()["key_acks_stalled"] is True
+    assert time.monotonic() - t0 < 0.3 + 0.05 * 200

@@ -6,15 +6,19 @@ events for a keyboard). When more arrive while the X server is not reading (a bu
 an application saving, the network coming up), the kernel drops *every* unread event and
 reports ``SYN_DROPPED``. The virtio queue's acknowledgement
 (:meth:`orchestrator.display.qmp.QmpDisplay.send`) only says the kernel took the event, so a
-host that sends as fast as the queue allows lost 20-30 characters from the middle of a line
-(measured: ``tests/vm/test_egress_vm.py`` in 1 of 3 runs, a LibreOffice cell in CI).
+host that sends as fast as the queue allows lost characters from the middle of lines
+(``bench/key_loss.py``, 6 CPU hogs in the guest: 2 of 60 lines in 2 of 4 runs, 17,520 key
+events sent and 17,416 processed; with this pacing 0 of 60; docs/performance.md).
 
 How: the in-guest helper counts the X server's XInput2 raw key events from every keyboard
 but XTEST's and reports the count (``key_events``, see
 :mod:`orchestrator.display.guest_helper`). :class:`KeyPacer` holds each batch of key events
-back until at most :data:`KEY_ACK_WINDOW` of the key events sent are unprocessed. A
-count that stops moving for :data:`KEY_ACK_STALL_S` (a stopped helper, a guest that lies)
-ends the pacing for the rest of the action: keys then go as before, never not at all.
+back until at most :data:`KEY_ACK_WINDOW` of the key events sent are unprocessed, and
+waits only before the first press of a press..release group, never while a key is down (a
+held key autorepeats in the guest). A count that stops moving for :data:`KEY_ACK_STALL_S`
+(a stopped helper, a guest that lies), or waits longer than the action's budget
+(:data:`KEY_ACK_WAIT_PER_KEY_S`), ends the pacing for the rest of the action: keys then go
+as before, never not at all.
 
 The count is the guest's word: it can only make its own keys go faster (and be lost) or
 slower; it never reaches anything but this pacing.
@@ -28,24 +32,35 @@ import time
 
 from orchestrator.display.guest_helper import GuestHelper
 
-__all__ = ["KEY_ACK_RESYNC_S", "KEY_ACK_STALL_S", "KEY_ACK_WINDOW", "KeyPacer"]
+__all__ = [
+    "KEY_ACK_RESYNC_S",
+    "KEY_ACK_STALL_S",
+    "KEY_ACK_WAIT_PER_KEY_S",
+    "KEY_ACK_WINDOW",
+    "KeyPacer",
+]
 
 log = logging.getLogger("deskvm.display")
 
 KEY_ACK_WINDOW = 16
 """Key events (presses and releases) that may be sent and not yet processed by the guest X
-server. With a report (``SYN_REPORT``) per typed character that is at most about 26 evdev
-events, under half the kernel's 63 (room for the slack after an idle resync, below)."""
+server. With a report (``SYN_REPORT``) per typed character that is at most about 24 evdev
+events, with a report per key event (one-key actions) 32: under the kernel's 63."""
 
 KEY_ACK_STALL_S = 5.0
 """How long the X server's count may stand still while keys wait before the pacer gives up
 for the rest of the action and sends without waiting, seconds."""
 
+KEY_ACK_WAIT_PER_KEY_S = 0.05
+"""With :data:`KEY_ACK_STALL_S`, the most one action's keys may wait in all: ``stall_s`` plus
+this per key event of the action, seconds (an X server taking 20 key events a second keeps
+up; a count that creeps forward just fast enough to dodge the stall rule is cut off)."""
+
 KEY_ACK_RESYNC_S = 1.0
-"""After this long without sending a key, what is still not counted is taken as never to
-be counted (a key the X server ignores, such as the release of a key that was not down),
-and counting starts afresh, seconds. An X server stalled across such a gap can then have at
-most two windows of keys unprocessed."""
+"""After this long without sending a key, if the X server has processed keys since the last
+were sent, what it has still not counted is taken as never to be counted (keys the kernel
+dropped before this pacing could help) and counting starts afresh, seconds. A count that has
+not moved since is an X server not reading yet: its keys stay counted as unprocessed."""
 
 _POLL_S = 0.1
 """Longest single wait, so a closing session is noticed, seconds."""
@@ -136,6 +151,18 @@ class KeyPacer:
                     "sending the rest of the action without waiting",
                     clock - last_progress,
                     self._sent - (count - self._origin),
+                )
+                self.gave_up = True
+                self._origin, self._sent = count, 0
+                break
+            # A count that creeps (one key just inside every stall_s) may not stretch an
+            # action without end: its waits are bounded by its size.
+            budget_s = self._stall_s + KEY_ACK_WAIT_PER_KEY_S * (self._action_keys + keys)
+            if self.waited_s + (clock - start) >= budget_s:
+                log.warning(
+                    "keys of this action waited %.1f s in all for the guest X server: "
+                    "sending the rest of the action without waiting",
+                    self.waited_s + (clock - start),
                 )
                 self.gave_up = True
                 self._origin, self._sent = count, 0

@@ -69,6 +69,14 @@ def test_keys_wait_for_the_x_server_and_a_stalled_count_loses_nothing(deskvm_ses
     assert stalled["key_wait_s"] >= KEY_ACK_STALL_S - 0.5, stalled
     assert time.monotonic() - t0 >= KEY_ACK_STALL_S - 0.5
 
+    # 2b. A key combo is held back before its first press, never between its press and
+    #     release: a wait with shift+x down would have the guest repeat the X for 5 s.
+    s.type("echo R")  # past the window with the combo: the combo must wait
+    s.key("shift+x")
+    s.type(" > /dev/ttyS1\n")
+    lines = wait_for_line(s, "RX")
+    assert "RX" in lines, [line for line in lines if line.startswith("RX")][-3:]
+
     # 3. Continued: counted again, no stall.
     s.type("pkill -CONT -f deskvm-helper\n")
     time.sleep(1.0)
@@ -78,7 +86,7 @@ def test_keys_wait_for_the_x_server_and_a_stalled_count_loses_nothing(deskvm_ses
 
     # 4. Long lines typed back to back while the guest's CPUs are busy (six spinning shells
     #    of the desktop user) arrive whole. Without the pacing 2 of 15 such lines lost
-    #    characters (docs/performance.md, "Key pacing").
+    #    characters (docs/performance.md, "Keys lost in a busy guest").
     spin = f"timeout {GUEST_HOG_S} sh -c 'while :; do :; done'"
     s.type(f"for i in $(seq {GUEST_HOGS}); do {spin} & done\n")
     time.sleep(3.0)
