@@ -48,7 +48,7 @@ from orchestrator.approval import ApprovalPolicy, TypedWindow
 from orchestrator.capture import FrameCapture
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.display.base import AbsMove, ButtonEvent, InputEvent, KeyEvent
-from orchestrator.display.key_pacing import KeyPacer
+from orchestrator.display.key_pacing import KEY_ACK_WINDOW, KeyPacer
 from orchestrator.egress.base import (
     RETRY_WINDOW_S,
     Egress,
@@ -1628,6 +1628,10 @@ class Session:
             if self._closing.is_set():
                 raise SessionClosed(f"session {self.id} ended during the action")
             if isinstance(step, HelperStep):
+                if step.op == "type" and not self._keys_down:
+                    # The helper's XTEST text must not overtake QEMU keys sent before it that
+                    # the X server has not read yet: wait until all are counted.
+                    pacer.before(KEY_ACK_WINDOW, self._closing)
                 self._helper_request(step)
             else:
                 keys = sum(isinstance(event, KeyEvent) for event in step.events)

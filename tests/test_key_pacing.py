@@ -318,3 +318,30 @@ def test_a_count_that_creeps_cannot_stretch_an_action_without_end() -> None:
         thread.join()
     assert pacer.gave_up and pacer.summary()["key_acks_stalled"] is True
     assert time.monotonic() - t0 < 0.3 + 0.05 * 200
+
+
+def test_text_through_the_helper_waits_until_the_x_server_has_every_earlier_key() -> None:
+    clock = FakeClock()
+    hv = FakeHypervisor()
+    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
+    session = Session(
+        spec, hypervisor=hv, recorder=MemoryRecorder(clock), clock=clock,
+        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
+    )  # fmt: skip
+    with session:
+        domain = hv.domains[session.id]
+        helper, display = domain.helper, domain.display
+        assert helper is not None
+        helper.key_acks = True
+        unprocessed: list[int] = []
+        request = helper.request
+
+        def watched(op, args, **kwargs):  # type: ignore[no-untyped-def]
+            received = sum(isinstance(e, KeyEvent) for e in display.events)
+            unprocessed.append(received - helper.keys_processed)
+            return request(op, args, **kwargs)
+
+        helper.request = watched  # type: ignore[method-assign]
+        session.execute(parse_deskvm_action({"action": "type", "text": "abcdef"}))
+        session.execute(parse_deskvm_action({"action": "type", "text": "üß"}))
+        assert unprocessed == [0]  # 12 without the wait: the text could overtake them
