@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -181,6 +183,22 @@ IMAGE = BootImage(
 )  # fmt: skip
 
 
+@contextmanager
+def fake_session() -> Iterator[tuple[Session, FakeHypervisor, MemoryRecorder]]:
+    """A running session on a fake hypervisor with an image that has a guest helper, no
+    pacing pauses: (session, hypervisor, recorder)."""
+    clock = FakeClock()
+    hv = FakeHypervisor()
+    recorder = MemoryRecorder(clock)
+    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
+    session = Session(
+        spec, hypervisor=hv, recorder=recorder, clock=clock,
+        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
+    )  # fmt: skip
+    with session:
+        yield session, hv, recorder
+
+
 ONE_TYPE = [{"action": "type", "text": "Hello, World! " * 20 + "\n"}]
 KEY_PER_CHAR = [{"action": "key", "keys": "x"} for _ in range(150)]  # pyautogui.press-style
 
@@ -189,14 +207,7 @@ KEY_PER_CHAR = [{"action": "key", "keys": "x"} for _ in range(150)]  # pyautogui
 def test_a_session_never_runs_more_than_the_window_ahead_of_the_x_server(
     actions: list[dict[str, str]],
 ) -> None:
-    clock = FakeClock()
-    hv = FakeHypervisor()
-    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
-    session = Session(
-        spec, hypervisor=hv, recorder=MemoryRecorder(clock), clock=clock,
-        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
-    )  # fmt: skip
-    with session:
+    with fake_session() as (session, hv, _):
         domain = hv.domains[session.id]
         helper, display = domain.helper, domain.display
         assert helper is not None
@@ -221,15 +232,7 @@ def test_a_session_never_runs_more_than_the_window_ahead_of_the_x_server(
 
 
 def test_the_result_says_how_long_keys_waited_only_when_the_guest_counts_them() -> None:
-    clock = FakeClock()
-    hv = FakeHypervisor()
-    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
-    recorder = MemoryRecorder(clock)
-    session = Session(
-        spec, hypervisor=hv, recorder=recorder, clock=clock,
-        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
-    )  # fmt: skip
-    with session:
+    with fake_session() as (session, hv, recorder):
         helper = hv.domains[session.id].helper
         assert helper is not None
         session.execute(parse_deskvm_action({"action": "type", "text": "no count\n"}))
@@ -261,14 +264,7 @@ def test_keys_never_wait_while_a_key_is_down(
     """A held key autorepeats in the guest (X after 660 ms): waits come before a press."""
     monkeypatch.setitem(KeyPacer.__init__.__kwdefaults__, "stall_s", 0.2)
     monkeypatch.setitem(KeyPacer.__init__.__kwdefaults__, "resync_s", 0.1)
-    clock = FakeClock()
-    hv = FakeHypervisor()
-    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
-    session = Session(
-        spec, hypervisor=hv, recorder=MemoryRecorder(clock), clock=clock,
-        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
-    )  # fmt: skip
-    with session:
+    with fake_session() as (session, hv, _):
         domain = hv.domains[session.id]
         helper, display = domain.helper, domain.display
         assert helper is not None
@@ -321,14 +317,7 @@ def test_a_count_that_creeps_cannot_stretch_an_action_without_end() -> None:
 
 
 def test_text_through_the_helper_waits_until_the_x_server_has_every_earlier_key() -> None:
-    clock = FakeClock()
-    hv = FakeHypervisor()
-    spec = SessionSpec("abcdef012345", IMAGE, DisplaySpec(1024, 768), boot_timeout_s=5.0)
-    session = Session(
-        spec, hypervisor=hv, recorder=MemoryRecorder(clock), clock=clock,
-        pacing=Pacing(0, 0, 0, 0, 0), ready_poll_s=0.5,
-    )  # fmt: skip
-    with session:
+    with fake_session() as (session, hv, _):
         domain = hv.domains[session.id]
         helper, display = domain.helper, domain.display
         assert helper is not None
