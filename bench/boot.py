@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 
 from agent_bridge.runtime import build_manager
+from orchestrator.errors import HypervisorError
 from orchestrator.hypervisor.base import SessionPaths
 from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
@@ -99,6 +100,7 @@ class Boot:
     total_s: float
     phases: dict[str, float]
     detail: list[str]
+    failed: bool = False
 
 
 class LogWatcher(threading.Thread):
@@ -158,9 +160,20 @@ def boot_once(settings: Settings, image: BootImage, variant: str, extra: str, ar
     display = DisplaySpec(width_px=args.width, height_px=args.height)
     session = None
     try:  # a stop signal anywhere in here ends the VM (run_main: SIGINT, SIGTERM, SIGHUP)
-        session = manager.create(
-            image=image.name, display=display, boot_timeout_s=180, on_started=started
-        )
+        try:
+            session = manager.create(
+                image=image.name,
+                display=display,
+                boot_timeout_s=args.boot_timeout,
+                on_started=started,
+            )
+        except HypervisorError as e:
+            # A boot that never got ready is a result too: keep its console, go on.
+            lines = watcher[0].console_lines if watcher else []
+            log = settings.state_dir / f"console-{variant}-failed-{int(time.time())}.log"
+            log.write_text(f"{e}\n" + "".join(f"{t:8.3f} {line}\n" for t, line in lines))
+            print(f"{variant:14} FAILED ({type(e).__name__}: {str(e)[:120]}); console in {log}")
+            return Boot(variant=variant, total_s=float("nan"), phases={}, detail=[], failed=True)
         total_s = time.monotonic() - t0
         (w,) = watcher
         # The counters come once the desktop is ready; wait for their end (or give up).
@@ -189,6 +202,8 @@ def analyse(variant: str, total_s: float, host_phases: dict, w: LogWatcher, args
     procs: list[str] = []
     chain: list[str] = []
     xlog: list[str] = []
+    acct: list[str] = []
+    ticks: list[int] = []
     for _, line in w.console_lines:
         if m := MARK_RE.search(line):
             uptime_s, text = float(m.group(2)), m.group(3)
@@ -215,6 +230,10 @@ def analyse(variant: str, total_s: float, host_phases: dict, w: LogWatcher, args
                     units.append((exit_us / 1e6, max(0, enter_us - exit_us) / 1e6, parts[0]))
         elif kind == "ps":
             procs.append(rest)
+        elif kind in ("acct", "live"):
+            acct.append(f"{kind:4} {rest}")
+        elif kind == "stat" and rest.startswith("cpu "):
+            ticks = [int(v) for v in rest.split()[1:] if v.isdigit()]
         elif kind == "chain":
             chain.append(rest)
         elif kind == "xlog" and KMSG_RE.match(rest):
@@ -270,6 +289,23 @@ def analyse(variant: str, total_s: float, host_phases: dict, w: LogWatcher, args
         later = sorted((u for u in units if u[0] > start_u), key=lambda u: -u[1])[:8]
         detail.append("slowest units after it: start  took")
         detail += [f"  {t:6.2f} {d:6.2f}  {name}" for t, d, name in later]
+    if len(ticks) >= 5:
+        # /proc/stat at ready, USER_HZ (100/s) ticks summed over the vCPUs: user nice system
+        # idle iowait irq softirq steal.
+        idle_s = (ticks[3] + ticks[4]) / 100
+        busy_s = (sum(ticks[:8]) - ticks[3] - ticks[4]) / 100
+        share = busy_s / (busy_s + idle_s) if busy_s + idle_s else float("nan")
+        detail.append(
+            f"guest CPU from boot to ready (all vCPUs): busy {busy_s:.2f} s, idle {idle_s:.2f} s"
+            f" ({share:.0%} busy)"
+        )
+    if acct:
+        detail.append(
+            "CPU time to ready: acct = processes that exited between the session's start and"
+            " ready (count, seconds, command); live = processes alive at ready (seconds, pid,"
+            " command):"
+        )
+        detail += [f"  {a}" for a in acct[:45]]
     if procs:
         detail.append("CPU time by process at the dump (ps: TIME ELAPSED COMMAND):")
         detail += [f"  {p}" for p in procs[:16]]
@@ -327,6 +363,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=800)
     parser.add_argument(
+        "--boot-timeout",
+        type=float,
+        default=90.0,
+        help="a boot not ready after this long (s) counts as failed; its console is kept",
+    )
+    parser.add_argument(
         "--stats-timeout", type=float, default=60.0, help="wait for the guest's counters (s)"
     )
     parser.add_argument("--detail", action="store_true", help="print the median boots' detail")
@@ -364,6 +406,8 @@ def main() -> None:
         for label, extra in variants:
             boot = boot_once(settings, images.get(label, image), label, extra, args)
             boots.append(boot)
+            if boot.failed:
+                continue
             cells = " ".join(
                 f"{boot.phases[p]:11.2f}" if p in boot.phases else f"{'-':>11}" for p in PHASES
             )
@@ -372,14 +416,20 @@ def main() -> None:
     print("\np50 (s)")
     print(f"{'variant':14} {'total':>6} {header}")
     for label, extra in variants:
-        mine = [b for b in boots if b.variant == label]
+        failed = sum(b.failed for b in boots if b.variant == label)
+        mine = [b for b in boots if b.variant == label and not b.failed]
         cells = " ".join(
             f"{p50([b.phases[p] for b in mine if p in b.phases]):11.2f}" for p in PHASES
         )
-        print(f"{label:14} {p50([b.total_s for b in mine]):6.2f} {cells}   {extra}")
+        note = f"   FAILED {failed} of {failed + len(mine)}" if failed else ""
+        print(f"{label:14} {p50([b.total_s for b in mine]):6.2f} {cells}   {extra}{note}")
     if args.detail:
         for label, _ in variants:
-            mine = sorted((b for b in boots if b.variant == label), key=lambda b: b.total_s)
+            mine = sorted(
+                (b for b in boots if b.variant == label and not b.failed), key=lambda b: b.total_s
+            )
+            if not mine:
+                continue
             median = mine[len(mine) // 2]
             print(f"\n== {label}: median boot, {median.total_s:.2f} s")
             print("\n".join(median.detail) or "(no guest counters)")

@@ -42,6 +42,7 @@ SHIPPED = (DEFAULT_IMAGE, "debian12-full")
 GUEST_FILES = (
     "base/usr/local/lib/deskvm/session",
     "base/usr/local/lib/deskvm/bootstats",
+    "base/usr/local/lib/deskvm/acct-summary",
     "base/usr/local/lib/deskvm/initrd/init",
     "base/usr/local/lib/deskvm/initrd/modules",
     "base/usr/local/lib/deskvm/autostart",
@@ -52,6 +53,7 @@ GUEST_FILES = (
     "base/etc/systemd/system/deskvm-session.service",
     "base/etc/initramfs-tools/hooks/deskvm",
     "openbox/usr/local/lib/deskvm/desktop",
+    "openbox/etc/systemd/system/systemd-udev-trigger.service.d/deskvm.conf",
     "xfce/usr/local/lib/deskvm/desktop",
     "xfce/etc/xdg/xfce4/xfconf/xfce-perchannel-xml/xfce4-panel.xml",
     "xfce/usr/lib/firefox-esr/distribution/policies.json",
@@ -60,6 +62,7 @@ GUEST_FILES = (
 EXECUTABLES = (
     "base/usr/local/lib/deskvm/session",
     "base/usr/local/lib/deskvm/bootstats",
+    "base/usr/local/lib/deskvm/acct-summary",
     "base/usr/local/lib/deskvm/initrd/init",
     "base/usr/local/lib/deskvm/autostart",
     "base/usr/local/lib/deskvm/xkbcomp",
