@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 from agent_bridge.runtime import build_manager
-from orchestrator.errors import HypervisorError
+from orchestrator.errors import DeskvmError
 from orchestrator.hypervisor.base import SessionPaths
 from orchestrator.interrupt import run_main
 from orchestrator.settings import Settings
@@ -167,10 +167,10 @@ def boot_once(settings: Settings, image: BootImage, variant: str, extra: str, ar
                 boot_timeout_s=args.boot_timeout,
                 on_started=started,
             )
-        except HypervisorError as e:
+        except DeskvmError as e:
             # A boot that never got ready is a result too: keep its console, go on.
             lines = watcher[0].console_lines if watcher else []
-            log = settings.state_dir / f"console-{variant}-failed-{int(time.time())}.log"
+            log = settings.state_dir / f"console-{variant}-failed-{secrets.token_hex(4)}.log"
             log.write_text(f"{e}\n" + "".join(f"{t:8.3f} {line}\n" for t, line in lines))
             print(f"{variant:14} FAILED ({type(e).__name__}: {str(e)[:120]}); console in {log}")
             return Boot(variant=variant, total_s=float("nan"), phases={}, detail=[], failed=True)
@@ -365,7 +365,7 @@ def main() -> None:
     parser.add_argument(
         "--boot-timeout",
         type=float,
-        default=90.0,
+        default=180.0,
         help="a boot not ready after this long (s) counts as failed; its console is kept",
     )
     parser.add_argument(

@@ -8,7 +8,6 @@ synthetic records of both layouts it accepts (acct v3 and v2, acct(5)).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import struct
@@ -81,26 +80,38 @@ def test_synthetic_records_of_both_layouts_are_summed_by_command(tmp_path: Path)
     assert list(rows) == ["udev-worker", "xprop"]  # busiest first
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="acct(2) needs CAP_SYS_PACCT (root)")
+# Runs as PID 1 of a new PID namespace (unshare): acct(2) is per PID namespace, so the host's
+# own accounting, if any, is neither recorded into nor switched off, and a killed test takes
+# its accounting down with its namespace.
+_IN_NAMESPACE = """
+import ctypes, os, shutil, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pacct, spin = sys.argv[1], sys.argv[2]
+if libc.acct(pacct.encode()) != 0:
+    sys.exit(f"acct(2) failed: {os.strerror(ctypes.get_errno())}")
+try:
+    subprocess.run([spin, "-c", "import time\\nt = time.process_time()\\n"
+                    "while time.process_time() - t < 0.5: pass"], check=True, timeout=60)
+    subprocess.run(["true"], check=True)
+finally:
+    libc.acct(None)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acct(2) and unshare(1) --pid need root")
 def test_records_written_by_the_kernel(tmp_path: Path) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
     pacct = tmp_path / "pacct"
     pacct.touch()
-    if libc.acct(str(pacct).encode()) != 0:
-        errno = ctypes.get_errno()
-        pytest.fail(f"acct(2) failed: {os.strerror(errno)} (kernel without BSD_PROCESS_ACCT?)")
-    try:
-        # A process that burns about 0.5 s of CPU, and one that burns none.
-        spin = tmp_path / "deskvm-spin"
-        shutil.copy(sys.executable, spin)
-        subprocess.run(
-            [spin, "-c", "import time\nt = time.process_time()\n"
-             "while time.process_time() - t < 0.5: pass"],
-            check=True, timeout=60,
-        )  # fmt: skip
-        subprocess.run(["true"], check=True)
-    finally:
-        libc.acct(None)
+    # A process that burns about 0.5 s of CPU under its own name, and one that burns none.
+    spin = tmp_path / "deskvm-spin"
+    shutil.copy(sys.executable, spin)
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", _IN_NAMESPACE, str(pacct), str(spin)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
     rows = summarize(pacct)
     count, seconds = rows["deskvm-spin"]
     assert count == 1
