@@ -693,7 +693,13 @@ def _recover(path: Path) -> _Recovered:
             referenced.setdefault(str(data["video"]), []).append(int(data.get("pts_ns", 0)))
         elif kind == "media":
             finished.add(str(data.get("file")))
-    indices = [int(f.stem) for f in (path / "video").glob("*.mp4") if f.stem.isdigit()]
+    # The next segment's index comes after every segment on disk *and* every one the chain
+    # names: a writer killed after chaining a segment's first frame but before its file
+    # reached the disk leaves a name with no file, and reusing it would overwrite what the
+    # seal's media event says of it (an absent file).
+    names = [Path(name).stem for name in (*referenced, *finished)]
+    names += [f.stem for f in (path / "video").glob("*.mp4")]
+    indices = [int(stem) for stem in names if stem.isdigit()]
     return _Recovered(
         manifest=manifest,
         events=len(lines),

@@ -206,3 +206,24 @@ def test_the_boot_is_recorded(tmp_path: Path) -> None:
 
     assert export_mp4(bundle, out, fps=10) > 0
     assert {f.size for f in decode_segment(out)} == {(640, 400)}
+
+
+def test_a_segment_named_before_its_file_existed_is_not_reused(tmp_path: Path) -> None:
+    """A writer killed after chaining a segment's first frame but before the segment's file
+    was on disk (a CI run's kill -9 of the server): the continued bundle starts its next
+    segment after the named one instead of writing a file the chain says is absent."""
+    bundle = killed_bundle(tmp_path)
+    (bundle / "video/000000.mp4").unlink()  # named by the frame events, never written
+    clock = SystemClock()
+    recorder = FileRecorder.reopen(bundle, clock, reason="bridge restarted", segment_s=3600)
+    for i in range(3):
+        image = Image.new("RGB", (320, 200), (0, 100 + 40 * i, 0))
+        recorder.add_capture(image, pts_ns=clock.monotonic_ns() + i, pixels=f"n{i}")
+    recorder.close()
+
+    report = verify(bundle)
+    assert report.ok and report.closed and report.truncated is None, report
+    (lost,) = report.truncated_video
+    assert lost["file"] == "video/000000.mp4" and not lost["playable"]
+    assert sorted(p.name for p in (bundle / "video").iterdir()) == ["000001.mp4"]
+    assert len(decode_segment(bundle / "video/000001.mp4")) == 3
