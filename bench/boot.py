@@ -292,12 +292,16 @@ def analyse(variant: str, total_s: float, host_phases: dict, w: LogWatcher, args
     if len(ticks) >= 5:
         # /proc/stat at ready, USER_HZ (100/s) ticks summed over the vCPUs: user nice system
         # idle iowait irq softirq steal.
+        # Steal (time the host did not run a vCPU that wanted to run: zero under TCG) is
+        # neither the guest's work nor idle: shown apart.
+        ticks += [0] * (8 - len(ticks))
         idle_s = (ticks[3] + ticks[4]) / 100
-        busy_s = (sum(ticks[:8]) - ticks[3] - ticks[4]) / 100
+        busy_s = (ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]) / 100
+        steal_s = ticks[7] / 100
         share = busy_s / (busy_s + idle_s) if busy_s + idle_s else float("nan")
         detail.append(
             f"guest CPU from boot to ready (all vCPUs): busy {busy_s:.2f} s, idle {idle_s:.2f} s"
-            f" ({share:.0%} busy)"
+            f" ({share:.0%} busy), stolen by the host {steal_s:.2f} s"
         )
     if acct:
         detail.append(
