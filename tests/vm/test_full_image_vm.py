@@ -57,6 +57,8 @@ IDLE_S = 60.0
 # (Linear B, cuneiform, Ethiopic, Javanese): the test checks both claims with fc-list.
 GLYPHS = "か な 永 字 한 😀 🎉"
 EMOJI = "😀🎉"
+LINE_BAND_MAX_PX = 80  # the tallest band of changed rows a typed line may make
+CURSOR_PX_MAX = 100  # changed pixels a blinking text cursor accounts for
 NO_GLYPHS = "\U00010000 \U00012000 \u1200 \ua984"  # 𐀀 𒀀 Ethiopic HA, Javanese A
 
 
@@ -321,9 +323,44 @@ def _typed_line(
         if waited_s > timeout_s:
             break
     print(f"\n{text!r} drawn and settled {waited_s:.1f} s after the type action returned")
-    assert bands, f"nothing drawn {waited_s:.1f} s after typing {text!r}"
+    windows = [(w["title"], w["x"], w["y"], w["width"], w["height"]) for w in s.windows()]
+    assert bands, (
+        f"nothing drawn under row {below_y} {waited_s:.1f} s after typing {text!r} into "
+        f"{area}; windows now: {windows}"
+    )
     top, bottom = bands[0]
+    # One line of text is some 20-40 px tall: a taller band is the window changing under
+    # the line (moved, resized or covered), not the line.
+    assert bottom - top < LINE_BAND_MAX_PX, (
+        f"the change under row {below_y} spans rows {y0 + top}-{y0 + bottom} of {area} "
+        f"after typing {text!r}; windows now: {windows}"
+    )
     return changed[top:bottom], after[top:bottom], y0 + bottom
+
+
+def _still_window(s: Session, title: str, timeout_s: float = 30.0) -> tuple[int, int, int, int]:
+    """The area (x0, y0, x1, y1) of the window titled ``title`` once its place and size
+    and its pixels stay the same for 1 s (but for the blinking text cursor): a window
+    still being placed or sized when a line is typed changes pixels far from the line."""
+    deadline = time.monotonic() + timeout_s
+    last: tuple[tuple[int, int, int, int], np.ndarray] | None = None
+    steady = 0
+    while True:
+        w = window(s, title)
+        assert w is not None, f"the window titled {title!r} is gone"
+        area = (w["x"], w["y"], w["x"] + w["width"], w["y"] + w["height"])
+        x0, y0, x1, y1 = area
+        pixels = np.asarray(s.screenshot().image().convert("RGB"), dtype=np.int16)[y0:y1, x0:x1]
+        if last is not None and last[0] == area:
+            moved = int((np.abs(pixels - last[1]).max(axis=2) > 40).sum())
+            steady = steady + 1 if moved < CURSOR_PX_MAX else 0
+        else:
+            steady = 0
+        if steady >= 2:
+            return area
+        assert time.monotonic() < deadline, f"{title!r} still changing after {timeout_s:.0f} s"
+        last = (area, pixels)
+        time.sleep(0.5)
 
 
 def test_cjk_and_emoji_render_as_glyphs(full: Full) -> None:
@@ -338,14 +375,13 @@ def test_cjk_and_emoji_render_as_glyphs(full: Full) -> None:
 
     t0 = time.monotonic()
     launch(s, "mousepad")
-    w = focus(s, r"Mousepad", 120)
+    focus(s, r"Mousepad", 120)
     stamp(full, "mousepad window", t0)
-    area = (w["x"], w["y"], w["x"] + w["width"], w["y"] + w["height"])
     # Modify the document first, so typing a line changes nothing above it (title, toolbar).
     s.type("x")
     s.key("BackSpace")
-    time.sleep(1.0)
-    glyphs, glyph_pixels, bottom = _typed_line(s, GLYPHS + " ", area, w["y"])
+    area = _still_window(s, r"Mousepad")
+    glyphs, glyph_pixels, bottom = _typed_line(s, GLYPHS + " ", area, area[1])
     s.key("Return")
     boxes, _, _ = _typed_line(s, NO_GLYPHS + " ", area, bottom)
     s.key("ctrl+a")
