@@ -186,6 +186,21 @@ class FakeX11:
     def sync(self) -> None:
         pass
 
+    def open_relay(self) -> bytes | None:
+        return None
+
+    def devices_changed(self) -> bool:
+        return False
+
+
+def test_the_relay_is_the_ps2_keyboard_else_any_but_xtest_and_the_host_s_virtio_one() -> None:
+    helper = load_helper()
+    at, virtio = b"AT Translated Set 2 keyboard", b"QEMU Virtio Keyboard"
+    xtest, power = b"Virtual core XTEST keyboard", b"Power Button"
+    assert helper.pick_relay([xtest, virtio, power, at]) == at
+    assert helper.pick_relay([xtest, virtio, power]) == power
+    assert helper.pick_relay([xtest, virtio]) is None
+
 
 def test_a_restarted_helper_takes_back_the_keycodes_an_earlier_one_bound() -> None:
     helper = load_helper()

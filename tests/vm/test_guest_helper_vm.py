@@ -7,12 +7,29 @@ and a request the host reported as failed is never carried out later.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
 from agent_bridge.client import RemoteError
 from tests.vm.conftest import window_box
 from tests.vm.test_session_vm import wait_for_line
+
+# Loads the image's own helper as a module (changing nothing) and prints the relay keyboard
+# it picks and whether that keyboard's map reads back the same as the XTEST keyboard's.
+RELAY_PROBE = (
+    "import importlib.machinery as m; "
+    "h = m.SourceFileLoader('h', '/usr/local/bin/deskvm-helper').load_module(); "
+    "x = h.X11(); kb = x.slave_keyboards(); relay = h.pick_relay(list(kb)); "
+    "print(relay.decode(), x.device_rows(kb[relay]) == x.device_rows(kb[h.XTEST_KEYBOARD]))"
+)
+
+
+def assert_relay_copies_xtest(s: Any) -> None:
+    """The running helper's relay keyboard (QEMU's PS/2 one) holds the XTEST keyboard's map
+    (on a non-US session it would otherwise hold the session's layout)."""
+    r = s.exec(["python3", "-c", RELAY_PROBE])
+    assert r.exit_code == 0 and r.stdout.strip() == "AT Translated Set 2 keyboard True", r
 
 
 def test_non_us_text_reaches_the_shell_and_a_failed_request_never_runs_later(
@@ -26,6 +43,8 @@ def test_non_us_text_reaches_the_shell_and_a_failed_request_never_runs_later(
     s.type("echo Ñandú-美国降息新闻 > /dev/ttyS1\n")
     lines = wait_for_line(s, "Ñandú-美国降息新闻")
     assert "Ñandú-美国降息新闻" in lines, lines[-5:]
+    # The keyboard the helper switches through before a rebound key.
+    assert_relay_copies_xtest(s)
 
     # 2. Stop the helper (it stays alive but reads nothing): the request is not
     #    acknowledged, so the action fails without injecting anything.

@@ -19,6 +19,7 @@ import pytest
 from agent_bridge.client import Client
 from agent_bridge.input_check import find_key, has_text
 from agent_bridge.protocol.keys import text_to_combos
+from tests.vm.test_guest_helper_vm import assert_relay_copies_xtest
 from tests.vm.test_input_fidelity_vm import BOOT_TIMEOUT_S, H, Probe, W
 
 LAYOUTS = ["de", "fr"]
@@ -82,6 +83,8 @@ def test_type_altgr_dead_key_and_iso_key_characters(probe: Probe) -> None:
 def test_characters_not_on_the_layout_go_through_the_helper(probe: Probe) -> None:
     text = "zy@ Ñandú 美国 ^`~"
     assert _type_and_read(probe, text, probe.session.type) == text
+    # The helper's relay keyboard holds the XTEST map, not the session's layout.
+    assert_relay_copies_xtest(probe.session)
 
 
 VOCABS = ["computer_20250124", "openai", "computer_13", "pyautogui"]
