@@ -32,6 +32,7 @@ def assert_relay_copies_xtest(s: Any) -> None:
     assert r.exit_code == 0 and r.stdout.strip() == "AT Translated Set 2 keyboard True", r
 
 
+@pytest.mark.deskvm(guest_control=True)
 def test_non_us_text_reaches_the_shell_and_a_failed_request_never_runs_later(
     deskvm_session,
 ) -> None:

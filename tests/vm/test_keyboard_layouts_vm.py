@@ -33,7 +33,7 @@ def probe(request: pytest.FixtureRequest, deskvm_client: Client) -> Iterator[Pro
     layout = request.param
     session = deskvm_client.create_session(
         width=W, height=H, boot_timeout_s=BOOT_TIMEOUT_S, autostart="input-probe",
-        keyboard_layout=layout,
+        keyboard_layout=layout, guest_control=True,
     )  # fmt: skip
     try:
         assert session.info_at_start["keyboard_layout"] == layout
