@@ -202,6 +202,58 @@ def test_the_relay_is_the_ps2_keyboard_else_any_but_xtest_and_the_host_s_virtio_
     assert helper.pick_relay([xtest, virtio]) is None
 
 
+class RecordingX11(FakeX11):
+    """FakeX11 that records the calls a ``type`` action makes, in order."""
+
+    def __init__(self, table: dict[int, list[int]]) -> None:
+        super().__init__(table)
+        self.calls: list[tuple[str, int]] = []
+
+    def open_relay(self) -> bytes | None:
+        return b"relay"
+
+    def bind(self, keycode: int, keysyms: list[int]) -> None:
+        super().bind(keycode, keysyms)
+        self.calls.append(("bind", keycode))
+
+    def switch_through_relay(self, keycode: int) -> None:
+        self.calls.append(("switch", keycode))
+
+    def key(self, keycode: int, down: bool) -> None:
+        self.calls.append(("key" if down else "release", keycode))
+
+    def keys_down(self) -> list[int]:
+        return []
+
+    def flush(self) -> None:
+        pass
+
+
+def test_an_action_binds_everything_then_switches_once_then_types(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    helper = load_helper()
+    monkeypatch.setattr(helper, "REBIND_PAUSE_S", 0.0)
+    table = {
+        10: [0x61, 0x41, 0x61, 0x41, 0, 0, 0],  # a A
+        50: [0xFFE1, 0, 0xFFE1, 0, 0, 0, 0],  # Shift_L
+        **{kc: [0] * 7 for kc in range(100, 104)},  # four spare keycodes
+    }
+    x = RecordingX11(table)
+    injector = helper.Injector(x)
+    injector.type_text("a美国a美")
+    kinds = [kind for kind, _ in x.calls]
+    assert kinds == ["bind", "bind", "switch"] + ["key", "release"] * 5, x.calls
+    # An action that needs no new binding makes no switch.
+    x.calls.clear()
+    injector.type_text("国a")
+    assert [kind for kind, _ in x.calls] == ["key", "release"] * 2, x.calls
+    # A new one: its binding, then one switch, before the first key (even a layout key).
+    x.calls.clear()
+    injector.type_text("a新")
+    assert [kind for kind, _ in x.calls][:3] == ["bind", "switch", "key"], x.calls
+
+
 def test_a_restarted_helper_takes_back_the_keycodes_an_earlier_one_bound() -> None:
     helper = load_helper()
     n = [0] * 7
