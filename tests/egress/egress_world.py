@@ -332,11 +332,11 @@ def leftovers(*, world: bool = True) -> list[str]:
     found += [f"nft {t}" for t in tables.splitlines() if "deskvm" in t]
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
+            try:  # a process may end between any two of these reads
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            stat = (entry / "stat").read_text() if (entry / "stat").exists() else ""
             # A world's server is told apart by its whole command line: shown cut, a long
             # checkout path hid its name.
             mine = world or "internet_server" not in cmd
