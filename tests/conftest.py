@@ -11,10 +11,21 @@ import pytest
 
 @pytest.fixture
 def xserver() -> Iterator[str]:
-    """An Xvfb display (``:N``), stopped at the end."""
+    """An Xvfb display (``:N``), stopped at the end. It keeps its state when its last
+    client leaves (``-noreset``): keyboard maps set with ``setxkbmap`` stay."""
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
-        ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
+        [
+            "Xvfb",
+            "-displayfd",
+            str(write_fd),
+            "-noreset",
+            "-screen",
+            "0",
+            "1280x800x24",
+            "-nolisten",
+            "tcp",
+        ],
         pass_fds=(write_fd,),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -18,7 +18,6 @@ x11-xkb-utils, xinput, python3-tk); a missing one fails the test, it is not skip
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 import random
@@ -52,32 +51,6 @@ NEW_PER_ROUND = 100  # distinct characters with no key, new each round
 LAYOUT_ASCII = 'zy@qaw m;"1 '
 REUSE_AGE_S = 1.0  # the helper's rebinding age, shortened from 5 s: still above any stall
 CATCH_UP_S = 20.0  # how long the probe may take to show a round's text
-
-
-def _start_xvfb(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    xvfb = shutil.which("Xvfb")
-    assert xvfb, "Xvfb is missing: scripts/bootstrap installs xvfb"
-    read_fd, write_fd = os.pipe()
-    proc = subprocess.Popen(
-        [xvfb, "-displayfd", str(write_fd), "-noreset", "-nolisten", "tcp",
-         "-screen", "0", "1024x768x24"],
-        pass_fds=(write_fd,), stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "xvfb.log", "wb"),  # noqa: SIM115 (the child keeps it)
-    )  # fmt: skip
-    os.close(write_fd)
-    number = b""
-    deadline = time.monotonic() + 20
-    with os.fdopen(read_fd, "rb") as f:
-        while not number.endswith(b"\n") and time.monotonic() < deadline:
-            chunk = f.read(1)
-            if not chunk:
-                break
-            number += chunk
-    if not number.strip().isdigit():
-        proc.kill()
-        proc.wait()
-        raise AssertionError(f"Xvfb did not start: {(tmp_path / 'xvfb.log').read_text()}")
-    return proc, f":{int(number)}"
 
 
 class ProbeClient:
@@ -149,51 +122,6 @@ class Staller:
         os.kill(self.pid, signal.SIGCONT)
 
 
-class XIDeviceInfo(ctypes.Structure):
-    """XInput2.h ``XIDeviceInfo``."""
-
-    _fields_ = [
-        ("deviceid", ctypes.c_int),
-        ("name", ctypes.c_char_p),
-        ("use", ctypes.c_int),
-        ("attachment", ctypes.c_int),
-        ("enabled", ctypes.c_int),
-        ("num_classes", ctypes.c_int),
-        ("classes", ctypes.c_void_p),
-    ]
-
-
-def keyboard_devices(display: str) -> dict[str, int]:
-    """{name: XInput device id} of the display's slave keyboards (``XIQueryDevice``)."""
-    xlib = ctypes.CDLL(ctypes.util.find_library("X11") or "libX11.so.6")
-    xi = ctypes.CDLL(ctypes.util.find_library("Xi") or "libXi.so.6")
-    xlib.XOpenDisplay.restype = ctypes.c_void_p
-    xlib.XOpenDisplay.argtypes = [ctypes.c_char_p]
-    xlib.XCloseDisplay.argtypes = [ctypes.c_void_p]
-    xi.XIQueryVersion.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
-                                  ctypes.POINTER(ctypes.c_int)]  # fmt: skip
-    xi.XIQueryDevice.restype = ctypes.POINTER(XIDeviceInfo)
-    xi.XIQueryDevice.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-    xi.XIFreeDeviceInfo.argtypes = [ctypes.POINTER(XIDeviceInfo)]
-    dpy = xlib.XOpenDisplay(display.encode())
-    assert dpy, f"cannot open {display}"
-    try:
-        major, minor = ctypes.c_int(2), ctypes.c_int(0)
-        xi.XIQueryVersion(dpy, ctypes.byref(major), ctypes.byref(minor))
-        count = ctypes.c_int()
-        info = xi.XIQueryDevice(dpy, 0, ctypes.byref(count))  # XIAllDevices
-        try:
-            return {
-                info[i].name.decode(): info[i].deviceid
-                for i in range(count.value)
-                if info[i].use == 4  # XISlaveKeyboard
-            }
-        finally:
-            xi.XIFreeDeviceInfo(info)
-    finally:
-        xlib.XCloseDisplay(dpy)
-
-
 def device_keys(display: str, device_id: int) -> dict[int, str]:
     """{keycode: its ``key <NAME> {...}`` block} of one device's keymap (``xkbcomp -i``)."""
     dump = subprocess.run(
@@ -211,34 +139,33 @@ LAYOUTS = {"us": "de", "de": "us", "fr": "us"}
 
 @contextmanager
 def _desktop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, maps: dict[str, str]
+    display: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, maps: dict[str, str]
 ) -> Iterator[tuple[ModuleType, ProbeClient, Any, str, dict[str, int]]]:
     """(the helper module, the probe, the helper's X11 connection, the display name,
-    {keyboard device name: XInput id}) on a new Xvfb whose keyboard maps are ``maps``:
-    ``{"all": LAYOUT, DEVICE NAME: LAYOUT...}``, applied in that order."""
-    xvfb, display = _start_xvfb(tmp_path)
+    {keyboard device name: XInput id}) on the Xvfb ``display`` (the ``xserver`` fixture),
+    its keyboard maps set to ``maps``: ``{"all": LAYOUT, DEVICE NAME: LAYOUT...}``,
+    applied in that order."""
     probe = x = None
     try:
+        monkeypatch.setenv("DISPLAY", display)
+        helper = load_helper()
+        monkeypatch.setattr(helper, "REUSE_AGE_S", REUSE_AGE_S)
+        x = helper.X11()
+        keyboards = {name.decode(): kid for name, kid in x.slave_keyboards().items()}
         setxkbmap = shutil.which("setxkbmap")
         assert setxkbmap, "setxkbmap is missing: scripts/bootstrap installs x11-xkb-utils"
-        keyboards = keyboard_devices(display)
         for device, layout in maps.items():
             where = [] if device == "all" else ["-device", str(keyboards[device])]
             subprocess.run(
                 [setxkbmap, "-display", display, *where, "-model", "pc105", layout], check=True
             )
         probe = ProbeClient(display, tmp_path)
-        monkeypatch.setenv("DISPLAY", display)
-        helper = load_helper()
-        monkeypatch.setattr(helper, "REUSE_AGE_S", REUSE_AGE_S)
-        x = helper.X11()
         yield helper, probe, x, display, keyboards
     finally:
         if x is not None:
             x.xlib.XCloseDisplay(ctypes.c_void_p(x.dpy))
         if probe is not None:
             probe.stop()
-        with_kill(xvfb)
 
 
 def _new_chars(round_no: int) -> str:
@@ -258,7 +185,7 @@ def _wait_text(probe: ProbeClient, expected: str) -> str:
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_typed_text_arrives_exactly_while_the_client_stalls(
-    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    layout: str, xserver: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The session layout on every keyboard, then another on Xvfb's own keyboard, as QEMU's
     keyboard has on a guest whose layout is not ``us``. Xvfb's keyboard is also the
@@ -266,16 +193,17 @@ def test_typed_text_arrives_exactly_while_the_client_stalls(
     check that a binding leaves every other device's keys alone covers the XTEST keyboard
     only."""
     maps = {"all": layout, "Xvfb keyboard": LAYOUTS[layout]}
-    with _desktop(tmp_path, monkeypatch, maps) as desktop:
+    with _desktop(xserver, tmp_path, monkeypatch, maps) as desktop:
         _type_rounds(layout, *desktop)
 
 
 def test_the_relay_gets_the_xtest_map_again_when_the_server_re_adds_a_keyboard(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    xserver: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Xorg may re-add a keyboard after the helper started (udev's events at boot), with
     the session's layout: the helper's next action copies the XTEST map onto it again."""
-    with _desktop(tmp_path, monkeypatch, {"all": "us"}) as (helper, probe, x, display, keyboards):
+    desktop = _desktop(xserver, tmp_path, monkeypatch, {"all": "us"})
+    with desktop as (helper, probe, x, display, keyboards):
         injector = helper.Injector(x)
         assert injector.relay == b"Xvfb keyboard"
         relay, xtest = keyboards["Xvfb keyboard"], keyboards["Virtual core XTEST keyboard"]
