@@ -316,7 +316,7 @@ def test_mmdebstrap_command(tmp_path: Path) -> None:
         ("headroom_mib = 1024", 'headroom_mib = "1024"', r"boot\.headroom_mib: Input should be a valid integer"),
         ('hostname = "deskvm"', 'hostname = "deskvm"\nflavour = "x"', r"boot\.flavour: unknown field \(allowed here: headroom_mib, helper_port, hostname, kernel_cmdline, qcow2_compression\)"),
         ('qcow2_compression = "none"', 'qcow2_compression = "xz"', r"boot\.qcow2_compression: Input should be 'none', 'zlib' or 'zstd'"),
-        ('default_target = "multi-user.target"', 'default_target = "rescue.target"', r"services\.default_target: Input should be 'multi-user.target' or 'graphical.target'"),
+        ('default_target = "deskvm-boot.target"', 'default_target = "rescue.target"', r"services\.default_target: Input should be 'multi-user.target', 'graphical.target' or 'deskvm-boot.target'"),
         ('"deskvm-session.service"]', '"deskvm session"]', r"services\.enable\[0\]"),
         ("kernel_cmdline = \"root=/dev/vda rw", "kernel_cmdline = \"root=/dev/sda1 rw", r"boot\.kernel_cmdline: must start with root=/dev/vda"),
         ("kernel_cmdline = \"root=/dev/vda rw", "kernel_cmdline = \"root=/dev/vda deskvm.display=1x1 rw", r"deskvm\.\* options are appended by the host"),

@@ -205,7 +205,9 @@ class ServicesSection(_Strict):
     enable: list[UnitName] = Field(default_factory=list)
     disable: list[UnitName] = Field(default_factory=list)
     mask: list[UnitName] = Field(default_factory=list)
-    default_target: Literal["multi-user.target", "graphical.target"] = "multi-user.target"
+    default_target: Literal["multi-user.target", "graphical.target", "deskvm-boot.target"] = (
+        "multi-user.target"
+    )
 
 
 class DesktopSection(_Strict):
