@@ -113,6 +113,11 @@ SETTLE_MAX_S = 3.0
 ready yet, seconds (see :meth:`WarmPool.settled`)."""
 TEMPLATE_LEASE_TIMEOUT_S = 60.0
 """How long an egress target's template may take for its DHCP lease, seconds."""
+TEMPLATE_CLOCK_WAIT_S = 30.0
+"""How long a template waits for its guest clock to answer before it is saved anyway,
+seconds. The guest starts its clock once its desktop is ready; a state saved before then
+would wake up in every clone with a clock that cannot be set yet. An image without the guest
+clock (imported) is saved after this wait, and its clones keep the clock of the save."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -807,6 +812,7 @@ class WarmPool:
             self._wait_drawn(spec, domain)
             if nic is not None:
                 self._wait_leased(session_id)
+            self._wait_clock(target.image, domain)
             boot_s = time.monotonic() - t0
             t1 = time.monotonic()
             state = self._hv.save(session_id, dest)
@@ -856,6 +862,24 @@ class WarmPool:
                 raise HypervisorError(
                     f"the template desktop was not drawn within {spec.boot_timeout_s:.0f} s"
                 )
+            time.sleep(self._ready_poll_s)
+
+    def _wait_clock(self, image_name: str, domain: Domain) -> None:
+        """Until the template's guest clock confirms a setting (it starts once the desktop is
+        ready), at most :data:`TEMPLATE_CLOCK_WAIT_S`; then the template is saved anyway."""
+        deadline = time.monotonic() + TEMPLATE_CLOCK_WAIT_S
+        while domain.set_clock(timeout_s=1.0) is None:
+            if self._stop.is_set():
+                raise HypervisorError("the pool is closing")
+            if not domain.is_running():
+                raise HypervisorError("the template domain stopped while booting")
+            if time.monotonic() > deadline:
+                log.warning(
+                    "warm pool %s: the template's guest clock did not answer within %.0f s; "
+                    "saving it anyway (its clones keep the clock of the save)",
+                    image_name, TEMPLATE_CLOCK_WAIT_S,
+                )  # fmt: skip
+                return
             time.sleep(self._ready_poll_s)
 
     def _wait_leased(self, session_id: str) -> None:

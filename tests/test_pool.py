@@ -705,3 +705,45 @@ def test_reset_spares_give_way_to_the_pools_desktops(tmp_path: Path) -> None:
         assert fourth.start_kind == "warm"
         m.reset(first.id)  # without its spare: restored
         assert first.state == "ready"
+
+
+def test_a_template_is_saved_once_its_guest_clock_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guest starts its clock only once its desktop is ready: the template is saved
+    after the clock's first confirmation, not at the ready frame."""
+    from orchestrator.hypervisor.fake import FakeDomain
+
+    answers = iter([None, None, None])
+    asked_before_save: list[int] = []
+    hv = FakeHypervisor()
+
+    def set_clock(self: FakeDomain, timeout_s: float = 1.0) -> float | None:
+        self.clock_set += 1
+        if not hv.saved:
+            asked_before_save.append(self.clock_set)
+        return next(answers, 0.0)
+
+    monkeypatch.setattr(FakeDomain, "set_clock", set_clock)
+    m = manager(tmp_path, hv, size=1)
+    with running_pool(m, hv):
+        assert m.pool.wait_full(5)
+        assert asked_before_save == [1, 2, 3, 4]  # three unanswered, then saved
+        assert len(hv.saved) == 1
+
+
+def test_a_template_whose_guest_clock_never_answers_is_saved_anyway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An image without the guest clock (imported) still gets a warm pool."""
+    from orchestrator import pool as pool_module
+    from orchestrator.hypervisor.fake import FakeDomain
+
+    monkeypatch.setattr(pool_module, "TEMPLATE_CLOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(FakeDomain, "set_clock", lambda self, timeout_s=1.0: None)
+    hv = FakeHypervisor()
+    m = manager(tmp_path, hv, size=1)
+    with caplog.at_level("WARNING", logger="deskvm.pool"), running_pool(m, hv):
+        assert m.pool.wait_full(5)
+        assert len(hv.saved) == 1
+        assert "guest clock did not answer" in caplog.text
