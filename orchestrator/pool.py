@@ -2,7 +2,8 @@
 
 For each :class:`PoolTarget` (``deskvm serve --warm-pool IMAGE:N``) the pool boots one
 *template* session cold, waits until its desktop is drawn (and its guest helper has
-announced itself), and saves it (:meth:`~orchestrator.hypervisor.base.Hypervisor.save`):
+announced itself, and its guest clock answers: the guest starts it once the desktop is
+ready, :data:`TEMPLATE_CLOCK_WAIT_S`), and saves it (:meth:`~orchestrator.hypervisor.base.Hypervisor.save`):
 memory and devices into ``state.save``, the disk frozen as a read-only layer. It then
 keeps ``N`` clones restored from that state (each on its own overlay over the frozen
 layer, with its own name, UUID and VM generation ID), restored at a low CPU weight
