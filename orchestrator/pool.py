@@ -3,9 +3,10 @@
 For each :class:`PoolTarget` (``deskvm serve --warm-pool IMAGE:N``) the pool boots one
 *template* session cold, waits until its desktop is drawn (and its guest helper has
 announced itself, and its guest clock answers: the guest starts it once the desktop is
-ready, :data:`TEMPLATE_CLOCK_WAIT_S`), and saves it (:meth:`~orchestrator.hypervisor.base.Hypervisor.save`):
-memory and devices into ``state.save``, the disk frozen as a read-only layer. It then
-keeps ``N`` clones restored from that state (each on its own overlay over the frozen
+ready, :data:`TEMPLATE_CLOCK_WAIT_S`), and saves it
+(:meth:`~orchestrator.hypervisor.base.Hypervisor.save`): memory and devices into
+``state.save``, the disk frozen as a read-only layer. It then keeps ``N`` clones restored
+from that state (each on its own overlay over the frozen
 layer, with its own name, UUID and VM generation ID), restored at a low CPU weight
 (:data:`POOL_CPU_WEIGHT`) and kept *paused* (no CPU used while it waits; the manager
 resumes it at the claim) except the next one to be claimed, which runs, so that a

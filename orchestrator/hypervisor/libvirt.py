@@ -210,6 +210,12 @@ def set_guest_clock(socket_path: Path, *, timeout_s: float) -> float | None:
     """Send the host's ``CLOCK_REALTIME`` to the guest clock (see ``vm_images/guest/base/
     usr/local/lib/deskvm/clock``) and read its confirmation.
 
+    A reply to an earlier request can come first: the guest writes each reply whether or
+    not the host is still connected, and a reply written after the host gave up waits in
+    the port (a saved template can hold one). Only a confirmation of *this* setting counts:
+    its ``realtime_ns`` is at least the value sent (the guest reads its clock right after
+    setting it); others are skipped.
+
     Returns:
         The guest's clock minus the host's when the reply arrived, seconds; ``None``
         when the guest did not confirm within ``timeout_s`` (no such port or program).
@@ -219,22 +225,39 @@ def set_guest_clock(socket_path: Path, *, timeout_s: float) -> float | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(str(socket_path))
-            sock.sendall(json.dumps({"realtime_ns": time.time_ns()}).encode() + b"\n")
-            reply = b""
-            while b"\n" not in reply and len(reply) < 4096:
-                sock.settimeout(max(0.001, deadline - time.monotonic()))
-                chunk = sock.recv(4096)
-                if not chunk:
-                    return None
-                reply += chunk
-            host_ns = time.time_ns()
-            answer = json.loads(reply.split(b"\n", 1)[0])
+            sent_ns = time.time_ns()
+            sock.sendall(json.dumps({"realtime_ns": sent_ns}).encode() + b"\n")
+            buf = b""
+            while True:
+                while b"\n" not in buf:
+                    if len(buf) >= 4096:
+                        return None
+                    sock.settimeout(max(0.001, deadline - time.monotonic()))
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        return None
+                    buf += chunk
+                line, buf = buf.split(b"\n", 1)
+                host_ns = time.time_ns()
+                guest_ns = _confirmed_ns(line, sent_ns)
+                if guest_ns is not None:
+                    return (guest_ns - host_ns) / 1e9
     except (OSError, ValueError):
         return None
-    guest_ns = answer.get("realtime_ns") if isinstance(answer, dict) else None
-    if answer.get("ok") is not True or isinstance(guest_ns, bool) or not isinstance(guest_ns, int):
+
+
+def _confirmed_ns(line: bytes, sent_ns: int) -> int | None:
+    """The guest clock's ``realtime_ns`` if ``line`` confirms a setting to ``sent_ns``."""
+    try:
+        answer = json.loads(line)
+    except ValueError:
         return None
-    return (guest_ns - host_ns) / 1e9
+    if not isinstance(answer, dict) or answer.get("ok") is not True:
+        return None
+    guest_ns = answer.get("realtime_ns")
+    if isinstance(guest_ns, bool) or not isinstance(guest_ns, int) or guest_ns < sent_ns:
+        return None
+    return guest_ns
 
 
 @dataclass(slots=True)
