@@ -841,61 +841,66 @@ class WarmPool:
             entry.base_stamp = stamp
             entry.guest_mac = nic.mac if nic is not None else None
 
-    def _wait_drawn(self, spec: SessionSpec, domain: Domain) -> None:
-        deadline = time.monotonic() + spec.boot_timeout_s
+    def _poll(
+        self, done: Callable[[], bool], timeout_s: float, domain: Domain | None = None
+    ) -> bool:
+        """Call ``done`` every ``ready_poll_s`` until it is true (``True``) or ``timeout_s``
+        passed (``False``). Raises :class:`HypervisorError` when the pool closes or
+        ``domain`` (if given) stops."""
+        deadline = time.monotonic() + timeout_s
         while True:
             if self._stop.is_set():
                 raise HypervisorError("the pool is closing")
-            if not domain.is_running():
+            if domain is not None and not domain.is_running():
                 raise HypervisorError("the template domain stopped while booting")
-            if READY_MARKER in domain.read_guest_log():
-                d = spec.display
-                ready, _why = desktop_drawn(
-                    domain.display.screendump(),
-                    width_px=d.width_px,
-                    height_px=d.height_px,
-                    background_rgb=spec.image.background_rgb,
-                    ready=spec.image.ready,
-                )
-                helper = domain.helper
-                if ready and (helper is None or helper.unavailable_reason(wait_s=5.0) is None):
-                    return
+            if done():
+                return True
             if time.monotonic() > deadline:
-                raise HypervisorError(
-                    f"the template desktop was not drawn within {spec.boot_timeout_s:.0f} s"
-                )
+                return False
             time.sleep(self._ready_poll_s)
+
+    def _wait_drawn(self, spec: SessionSpec, domain: Domain) -> None:
+        def drawn() -> bool:
+            if READY_MARKER not in domain.read_guest_log():
+                return False
+            d = spec.display
+            ready, _why = desktop_drawn(
+                domain.display.screendump(),
+                width_px=d.width_px,
+                height_px=d.height_px,
+                background_rgb=spec.image.background_rgb,
+                ready=spec.image.ready,
+            )
+            helper = domain.helper
+            return ready and (helper is None or helper.unavailable_reason(wait_s=5.0) is None)
+
+        if not self._poll(drawn, spec.boot_timeout_s, domain):
+            raise HypervisorError(
+                f"the template desktop was not drawn within {spec.boot_timeout_s:.0f} s"
+            )
 
     def _wait_clock(self, image_name: str, domain: Domain) -> None:
         """Until the template's guest clock confirms a setting (it starts once the desktop is
         ready), at most :data:`TEMPLATE_CLOCK_WAIT_S`; then the template is saved anyway."""
-        deadline = time.monotonic() + TEMPLATE_CLOCK_WAIT_S
-        while domain.set_clock(timeout_s=1.0) is None:
-            if self._stop.is_set():
-                raise HypervisorError("the pool is closing")
-            if not domain.is_running():
-                raise HypervisorError("the template domain stopped while booting")
-            if time.monotonic() > deadline:
-                log.warning(
-                    "warm pool %s: the template's guest clock did not answer within %.0f s; "
-                    "saving it anyway (its clones keep the clock of the save)",
-                    image_name, TEMPLATE_CLOCK_WAIT_S,
-                )  # fmt: skip
-                return
-            time.sleep(self._ready_poll_s)
+        if not self._poll(
+            lambda: domain.set_clock(timeout_s=1.0) is not None, TEMPLATE_CLOCK_WAIT_S, domain
+        ):
+            log.warning(
+                "warm pool %s: the template's guest clock did not answer within %.0f s; "
+                "saving it anyway (its clones keep the clock of the save)",
+                image_name, TEMPLATE_CLOCK_WAIT_S,
+            )  # fmt: skip
 
     def _wait_leased(self, session_id: str) -> None:
         """Until the template's guest holds its DHCP lease (saved with a settled network)."""
-        assert self._egress is not None
-        deadline = time.monotonic() + TEMPLATE_LEASE_TIMEOUT_S
-        while self._egress.leased_ip(session_id) is None:
-            if self._stop.is_set():
-                raise HypervisorError("the pool is closing")
-            if time.monotonic() > deadline:
-                raise HypervisorError(
-                    f"the template took no DHCP lease within {TEMPLATE_LEASE_TIMEOUT_S:.0f} s"
-                )
-            time.sleep(self._ready_poll_s)
+        egress = self._egress
+        assert egress is not None
+        if not self._poll(
+            lambda: egress.leased_ip(session_id) is not None, TEMPLATE_LEASE_TIMEOUT_S
+        ):
+            raise HypervisorError(
+                f"the template took no DHCP lease within {TEMPLATE_LEASE_TIMEOUT_S:.0f} s"
+            )
 
     def _restore_one(self, entry: _Entry, image: BootImage, key: PoolKey) -> bool:
         """Restore one desktop into ``entry``; ``False`` when the round should stop."""
