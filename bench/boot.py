@@ -10,8 +10,9 @@ accepted ready frame at the host. The run is cut into phases:
                               starts (host time of the guest log's ``DESKVM_READY`` line minus
                               the guest's uptime at that line)
   guest     ``kernel``        kernel start to ``Run /init`` (the initrd), printk time
-  guest     ``initrd``        the initrd until systemd starts in the root filesystem
-  guest     ``systemd``       systemd start until the session script starts
+  guest     ``initrd``        the initrd until PID 1 starts in the root filesystem
+  guest     ``init``          PID 1 (the small image's own init, or systemd) until the session
+                              script starts
   guest     ``session``       session script: keymap, xauth, display driver, /dev/dri/card0
   guest     ``xorg``          Xorg start until it accepts clients
   guest     ``wm``            the desktop script, screen size, background, window manager start
@@ -25,7 +26,7 @@ Guest times come from the session scripts' uptime stamps on the console
 here), the guest's boot counters which its session script prints on the console once the
 desktop is ready: the kernel log (printk times), systemd's manager and unit timestamps,
 processes' CPU times and ``systemd-analyze critical-chain``. Images whose session script
-predates ``deskvm.bootstats`` get only the stamped phases (``kernel``..``systemd`` become one
+predates ``deskvm.bootstats`` get only the stamped phases (``kernel``..``init`` become one
 ``to-session`` phase).
 
 Variants (``--variant LABEL=EXTRA``, repeatable) boot the same image with ``EXTRA`` appended to
@@ -68,7 +69,7 @@ PHASES = (
     "firmware",
     "kernel",
     "initrd",
-    "systemd",
+    "init",
     "to-session",
     "session",
     "xorg",
@@ -77,7 +78,7 @@ PHASES = (
     "mapped",
     "ready-frame",
 )
-MARK_RE = re.compile(r"deskvm-(session|desktop): ([0-9]+\.[0-9]+)s (.*)")
+MARK_RE = re.compile(r"deskvm-(session|desktop|init): ([0-9]+\.[0-9]+)s (.*)")
 STATS_RE = re.compile(r"deskvm-bootstats: (\S+) ?(.*)")
 KMSG_RE = re.compile(r"^\[\s*([0-9]+\.[0-9]+)\] (.*)")
 INITCALL_RE = re.compile(r"initcall (\S+) returned -?\d+ after (\d+) usecs")
@@ -207,6 +208,9 @@ def analyse(variant: str, total_s: float, host_phases: dict, w: LogWatcher, args
     for _, line in w.console_lines:
         if m := MARK_RE.search(line):
             uptime_s, text = float(m.group(2)), m.group(3)
+            if m.group(1) == "init":  # deskvm's init (PID 1): "deskvm-init: 2.9s start"
+                marks.setdefault("init", uptime_s)
+                continue
             for key, prefix in MARKS.items():
                 found = text.startswith(prefix) if key != "client" else prefix in text
                 if key not in marks and found:
@@ -246,13 +250,16 @@ def analyse(variant: str, total_s: float, host_phases: dict, w: LogWatcher, args
         phases["firmware"] = guest_zero - phases["define+start"]
         phases["ready-frame"] = total_s - w.ready_at
     run_init = next((t for t, msg in kmsg if msg.startswith("Run /init")), None)
+    # PID 1's start: systemd's userspace timestamp, or deskvm init's first mark.
     userspace_us = int(stats.get("UserspaceTimestampMonotonic", "0") or 0)
+    if not userspace_us and "init" in marks:
+        userspace_us = int(marks["init"] * 1e6)
     start_u = marks.get("start")
     if start_u is not None:
         if run_init is not None and userspace_us:
             phases["kernel"] = run_init
             phases["initrd"] = userspace_us / 1e6 - run_init
-            phases["systemd"] = start_u - userspace_us / 1e6
+            phases["init"] = start_u - userspace_us / 1e6
         else:
             phases["to-session"] = start_u
     for name, (a, b) in {

@@ -177,7 +177,7 @@ class FakeX11:
         self.table = table
         self.bound: list[tuple[int, list[int]]] = []
 
-    def keyboard_mapping(self) -> tuple[int, dict[int, list[int]]]:
+    def typing_map(self) -> tuple[int, dict[int, list[int]]]:
         return 7, self.table
 
     def bind(self, keycode: int, keysyms: list[int]) -> None:

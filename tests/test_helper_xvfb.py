@@ -221,6 +221,25 @@ def test_the_relay_gets_the_xtest_map_again_when_the_server_re_adds_a_keyboard(
         assert device_keys(display, relay) == device_keys(display, xtest)
 
 
+def test_the_helper_types_with_the_xtest_keyboards_map_not_the_core_one(
+    xserver: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The core map is the last keyboard's that typed (on a guest, QEMU's keyboard with the
+    session layout once the host typed); the helper types through the XTEST keyboard and
+    must use its map, whenever it starts. Here the XTEST keyboard has ``fr`` and the core
+    map ``us``: keys looked up in the core map would type ``q`` for ``a``."""
+    maps = {"all": "us", "Virtual core XTEST keyboard": "fr"}
+    with _desktop(xserver, tmp_path, monkeypatch, maps) as (helper, probe, x, _, _):
+        core_keycode = next(kc for kc, syms in x.keyboard_mapping()[1].items() if syms[0] == 0x61)
+        per, rows = x.typing_map()
+        xtest_keycode = next(kc for kc, syms in rows.items() if syms[0] == 0x61)
+        assert (core_keycode, xtest_keycode) == (38, 24)  # a: us, fr (AZERTY)
+        assert per == len(rows[min(rows)])
+        injector = helper.Injector(x)
+        injector.type_text("azqw@1")
+        assert _wait_text(probe, "azqw@1") == "azqw@1"
+
+
 def _type_rounds(
     layout: str,
     helper: ModuleType,
