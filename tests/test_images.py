@@ -7,6 +7,7 @@ No build and no VM: images are faked as directories with the files a build write
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -222,7 +223,26 @@ def test_session_script_matches_contract() -> None:
         desktop = (GUEST_DIR / desktop_set / "usr/local/lib/deskvm/desktop").read_text()
         assert "DESKVM_READY" in desktop and "DESKVM_BACKGROUND" in desktop
         assert "input-probe" in desktop
-        assert "(until /usr/local/bin/deskvm-helper; do nap 1; done) &" in desktop
+        assert "until /usr/local/bin/deskvm-helper; do nap 1; done) &" in desktop
+
+
+def test_small_image_boots_its_own_init_into_the_session() -> None:
+    """The default image's PID 1 is its file set's init (docs/images.md); it starts udevd
+    before the session and the coldplug, and ends as busybox init with an empty table."""
+    recipe = load_recipe(DEFAULT_IMAGE)
+    inits = [w[len("init=") :] for w in recipe.kernel_cmdline.split() if w.startswith("init=")]
+    assert inits == ["/usr/local/lib/deskvm/init"]
+    script = GUEST_DIR / "openbox" / inits[0].lstrip("/")
+    assert os.access(script, os.X_OK)
+    lines = [line.strip() for line in script.read_text().splitlines()]
+    udevd = lines.index(
+        '/lib/systemd/systemd-udevd --daemon || echo "deskvm-init: systemd-udevd did not start"'
+    )
+    assert udevd < lines.index("/usr/local/lib/deskvm/session &")
+    assert udevd < lines.index("/usr/local/lib/deskvm/coldplug &")
+    assert lines[-1] == "exec $bb init"
+    inittab = (GUEST_DIR / "openbox/etc/inittab").read_text().splitlines()
+    assert all(line.startswith("#") for line in inittab)
 
 
 def test_default_image_has_a_guest_helper_wired_to_its_port() -> None:
