@@ -18,7 +18,12 @@ from pathlib import Path
 from agent_bridge.tokens import TokenAuthority
 from orchestrator.egress.base import Egress, EgressSettings
 from orchestrator.errors import DeskvmError, HostSetupError, HypervisorError
-from orchestrator.host import default_total_memory_mib, host_memory_mib, load_accel
+from orchestrator.host import (
+    default_total_memory_mib,
+    host_memory_mib,
+    load_accel,
+    store_accel,
+)
 from orchestrator.hypervisor.base import Accel
 from orchestrator.instance import Instance
 from orchestrator.manager import SessionManager
@@ -29,6 +34,7 @@ from orchestrator.store import FileSessionStore
 __all__ = [
     "EGRESS_RUN_DIR",
     "BackgroundServer",
+    "accel_fallback_store",
     "build_authority",
     "build_egress",
     "build_manager",
@@ -59,6 +65,26 @@ def resolve_accel(settings: Settings) -> Accel:
             f"acceleration not probed yet ({settings.host_file} missing): run `deskvm doctor --fix`"
         )
     return accel
+
+
+def accel_fallback_store(settings: Settings) -> Callable[[str], None] | None:
+    """What a hypervisor calls when KVM stopped a guest and it fell back to TCG: store TCG
+    as the host's verdict, with why, so later processes start under TCG too (``deskvm
+    doctor --reprobe`` probes again). ``None`` when the settings force an acceleration:
+    a forced KVM that fails is reported, not worked around."""
+    if settings.accel != "auto":
+        return None
+    host_file = settings.host_file
+
+    def store(reason: str) -> None:
+        store_accel(
+            host_file,
+            "tcg",
+            f"kvm: the boot-sector probe ran but KVM stopped a Linux guest ({reason}); "
+            "TCG since then",
+        )
+
+    return store
 
 
 def ensure_token(settings: Settings) -> str:
@@ -202,7 +228,11 @@ def build_manager(
     instance = Instance(settings.instances_dir, server_name or settings.server_name)
     try:
         hypervisor = LibvirtHypervisor(
-            settings.sessions_dir, accel=accel, uri=settings.libvirt_uri, instance=instance
+            settings.sessions_dir,
+            accel=accel,
+            uri=settings.libvirt_uri,
+            instance=instance,
+            on_accel_fallback=accel_fallback_store(settings),
         )
     except BaseException:
         instance.close()

@@ -32,6 +32,7 @@ bodies) and a human message.
 from __future__ import annotations
 
 __all__ = [
+    "AccelFailed",
     "ActionError",
     "BootTimeout",
     "CapacityError",
@@ -103,6 +104,14 @@ class ActionError(ProtocolError):
 
 class HypervisorError(DeskvmError):
     code = "hypervisor_error"
+
+
+class AccelFailed(HypervisorError):
+    """QEMU stopped the guest on its own: its run state is ``internal-error`` (e.g. ``KVM
+    internal error ... emulation failure``, a host whose ``/dev/kvm`` runs a boot sector but
+    not a Linux kernel) or ``guest-panicked``. The guest never runs again."""
+
+    code = "accel_failed"
 
 
 class BootTimeout(HypervisorError):

@@ -212,6 +212,19 @@ def probe_accel(
             conn.close()
 
 
+def store_accel(host_file: Path, accel: Literal["kvm", "tcg"], why: str) -> None:
+    """Store the host's acceleration verdict (JSON ``accel``, ``why``, ``probed_at`` in
+    seconds since the epoch), written whole (a reader never sees half a file).
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    host_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = host_file.with_name(f".{host_file.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"accel": accel, "why": why, "probed_at": time.time()}))
+    tmp.replace(host_file)
+
+
 def load_accel(host_file: Path) -> Literal["kvm", "tcg"] | None:
     """The acceleration verdict stored by the last doctor run, if any."""
     try:
@@ -407,13 +420,17 @@ def run_doctor(
                 )
             )
             return report
-        host_file.parent.mkdir(parents=True, exist_ok=True)
-        host_file.write_text(json.dumps({"accel": accel, "why": why, "probed_at": time.time()}))
+        store_accel(host_file, accel, why)
     else:
-        why = f"stored verdict in {host_file} (--reprobe to test again)"
+        try:
+            stored_why = str(json.loads(host_file.read_text()).get("why") or "")
+        except (OSError, ValueError, AttributeError):
+            stored_why = ""
+        why = f"{stored_why}; " if stored_why else ""
+        why += f"stored verdict in {host_file} (--reprobe to test again)"
     report.accel = accel
     if accel == "kvm":
-        add(Check("acceleration", "ok", f"KVM ({why})"))
+        add(Check("acceleration", "ok", f"KVM ({why}; a boot KVM stops falls back to TCG)"))
     else:
         add(Check("acceleration", "warn",
                   f"TCG software emulation ({why}). TCG is slow and QEMU documents it is NOT a "

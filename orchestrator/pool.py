@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.egress.base import Egress
-from orchestrator.errors import ConfigError, DeskvmError, HypervisorError
+from orchestrator.errors import AccelFailed, ConfigError, DeskvmError, HypervisorError
 from orchestrator.hypervisor.base import (
     LIVE_CPU_WEIGHT,
     Domain,
@@ -801,6 +801,7 @@ class WarmPool:
             entry.phase, entry.key, entry.image = "building", key, image
             self._changed.notify_all()  # claims stop waiting: the refill thread is busy
         t0 = time.monotonic()
+        boot_accel = self._hv.accel
         nic: NicAttachment | None = None
         try:
             shutil.rmtree(dest, ignore_errors=True)
@@ -824,6 +825,13 @@ class WarmPool:
                 self._hv.destroy(session_id)
             shutil.rmtree(dest, ignore_errors=True)
             self._fail(entry, f"template boot or save failed: {exc.message}")
+            if (
+                isinstance(exc, AccelFailed)
+                and boot_accel == "kvm"
+                and self._hv.fall_back_to_tcg(exc.message)
+            ):
+                with self._changed:
+                    entry.failed_at = None  # booted again at once, under TCG
             return
         finally:
             if target.egress and self._egress is not None:
@@ -853,6 +861,8 @@ class WarmPool:
                 raise HypervisorError("the pool is closing")
             if domain is not None and not domain.is_running():
                 raise HypervisorError("the template domain stopped while booting")
+            if domain is not None and (stopped := domain.stop_error()) is not None:
+                raise AccelFailed(f"QEMU stopped the template's guest: {stopped}")
             if done():
                 return True
             if time.monotonic() > deadline:

@@ -58,6 +58,7 @@ from orchestrator.egress.base import (
     summarise_link_chatter,
 )
 from orchestrator.errors import (
+    AccelFailed,
     ActionError,
     BootTimeout,
     ConfigError,
@@ -540,6 +541,7 @@ class Session:
                     self._check_closing()  # a closed session does not boot cold
                     self._warm_failed(exc)
                 mark = self._clock.monotonic_ns()
+            boot_accel = self._hypervisor.accel
             if warm is None:
                 self._check_closing()
                 self._domain = self._hypervisor.start(self.spec, nic=self._nic)
@@ -550,7 +552,18 @@ class Session:
                 self.clock_offset_s = warm.set_clock(timeout_s=CLOCK_SET_TIMEOUT_S)
                 phases["clock_s"], mark = self._since(mark)
             self._start_capture()  # the boot is recorded too (capture starts at domain start)
-            self._wait_ready(t0, warm=warm is not None)
+            try:
+                self._wait_ready(t0, warm=warm is not None)
+            except AccelFailed as exc:
+                if (
+                    warm is not None
+                    or boot_accel != "kvm"
+                    or not self._hypervisor.fall_back_to_tcg(exc.message)
+                ):
+                    raise
+                phases["accel_failed_s"], mark = self._since(mark)
+                self._boot_again_under_tcg(exc)
+                self._wait_ready(self._clock.monotonic_ns())
             phases["ready_s"], mark = self._since(mark)
             self.start_phases_s = phases
         except BaseException as exc:
@@ -589,6 +602,25 @@ class Session:
             },
         )
         self._persist_quietly()
+
+    def _boot_again_under_tcg(self, exc: AccelFailed) -> None:
+        """KVM stopped this cold boot and the hypervisor fell back to TCG: destroy the
+        domain (and its overlay) and boot a new one on the same network, recorded as a
+        ``accel_fallback`` lifecycle event."""
+        self._recorder.append(
+            "lifecycle", {"event": "accel_fallback", "accel": "tcg", "error": exc.message}
+        )
+        if self._frames is not None:
+            self._frames.stop()
+            self._frames = None
+        if self._domain is not None:
+            with contextlib.suppress(DeskvmError):
+                self._domain.display.close()
+            self._domain = None
+        self._hypervisor.destroy(self.id)
+        self._check_closing()
+        self._domain = self._hypervisor.start(self.spec, nic=self._nic)
+        self._start_capture()
 
     def _restore_networked(self, state: SavedState, phases: dict[str, float]) -> None:
         """The warm start with egress of :meth:`start` up to the new lease (sets
@@ -797,6 +829,8 @@ class Session:
                     f"the domain of session {self.id} stopped while booting; console tail:\n"
                     + domain.console_tail()
                 )
+            if (stopped := domain.stop_error()) is not None:
+                raise AccelFailed(f"session {self.id}: QEMU stopped the guest: {stopped}")
             guest_log = domain.read_guest_log()
             if spec.autostart == "input-probe" and PROBE_READY_MARKER not in guest_log:
                 reason = "the input probe has not reported probe_ready on the guest log"

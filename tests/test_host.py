@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
 import pytest
 
-from agent_bridge.runtime import ensure_token, resolve_accel
+from agent_bridge.runtime import accel_fallback_store, ensure_token, resolve_accel
 from orchestrator import host
 from orchestrator.errors import ConfigError, HostSetupError
 from orchestrator.host import PROBE_MESSAGE, boot_sector, load_accel
@@ -49,6 +50,19 @@ def test_accel_needs_a_probe_verdict(tmp_path: Path) -> None:
     s.host_file.write_text('{"accel": "kvm"}')
     assert load_accel(s.host_file) == "kvm"
     assert resolve_accel(s) == "kvm"
+
+
+def test_a_kvm_fallback_is_stored_as_the_hosts_verdict(tmp_path: Path) -> None:
+    s = Settings.from_env({"DESKVM_STATE_DIR": str(tmp_path)})
+    s.host_file.write_text('{"accel": "kvm", "why": "kvm: guest ran"}')
+    store = accel_fallback_store(s)
+    assert store is not None
+    store("QEMU run state internal-error (KVM internal error. Suberror: 1)")
+    assert resolve_accel(s) == "tcg"
+    assert "KVM internal error" in json.loads(s.host_file.read_text())["why"]
+    assert [p.name for p in tmp_path.iterdir()] == [s.host_file.name]  # no temporary left
+    forced = Settings.from_env({"DESKVM_STATE_DIR": str(tmp_path), "DESKVM_ACCEL": "kvm"})
+    assert accel_fallback_store(forced) is None  # a forced KVM is not worked around
 
 
 def test_token_file_is_private_and_stable(tmp_path: Path) -> None:

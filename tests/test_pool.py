@@ -747,3 +747,16 @@ def test_a_template_whose_guest_clock_never_answers_is_saved_anyway(
         assert m.pool.wait_full(5)
         assert len(hv.saved) == 1
         assert "guest clock did not answer" in caplog.text
+
+
+def test_a_template_kvm_stops_is_booted_again_under_tcg_at_once(tmp_path: Path) -> None:
+    """KVM stops the template's Linux guest (a PVM host): the pool does not wait out its
+    retry delay; the hypervisor falls back to TCG and the next template boot fills it."""
+    told: list[str] = []
+    hv = FakeHypervisor(accel="kvm", on_accel_fallback=told.append)
+    hv.fail_on.add("accel")
+    with running_pool(manager(tmp_path, hv, size=1), hv) as m:
+        assert m.pool is not None
+        assert m.pool.wait_full(5)  # RETRY_S is 30 s: only an immediate retry fills it
+        assert hv.accel == "tcg" and len(told) == 1 and "KVM internal error" in told[0]
+        assert create(m).start_kind == "warm"

@@ -12,6 +12,7 @@ from agent_bridge.protocol.results import CursorResult, ImageResult
 from orchestrator.clock import FakeClock
 from orchestrator.display.base import KeyEvent
 from orchestrator.errors import (
+    AccelFailed,
     ActionError,
     BootTimeout,
     ConfigError,
@@ -356,3 +357,47 @@ def test_the_default_memory_total_follows_the_host(tmp_path: Path) -> None:
     assert default_total_memory_mib(8192) == 8192 - 2048
     assert default_total_memory_mib(1024) == 1024
     assert host_memory_mib(tmp_path / "absent") is None
+
+
+def test_kvm_stopping_the_cold_boot_falls_back_to_tcg_and_boots_again() -> None:
+    """A host whose /dev/kvm runs the doctor's boot sector but stops a Linux guest with
+    ``KVM internal error`` (a PVM host): the session boots again under TCG, the
+    hypervisor stays on TCG and its owner is told once, to store the verdict."""
+    told: list[str] = []
+    hv = FakeHypervisor(accel="kvm", on_accel_fallback=told.append)
+    hv.fail_on.add("accel")
+    recorder = MemoryRecorder(FakeClock())
+    session = make(hv, recorder=recorder)
+    session.start()
+    assert session.state == "ready"
+    assert hv.accel == "tcg"
+    assert len(told) == 1 and "KVM internal error" in told[0]
+    assert hv.started == ["abcdef012345", "abcdef012345"]
+    assert hv.destroyed == ["abcdef012345"]  # the stopped domain and its overlay
+    assert hv.domains["abcdef012345"].stop_error() is None
+    fallback = [e.data for e in recorder.events if e.data.get("event") == "accel_fallback"]
+    assert len(fallback) == 1 and fallback[0]["accel"] == "tcg"
+    assert "accel_failed_s" in session.start_phases_s
+    session.close()
+    assert hv.domains == {}
+
+
+@pytest.mark.parametrize(
+    ("accel", "owner"), [("kvm", False), ("tcg", True)], ids=["forced-kvm", "already-tcg"]
+)
+def test_a_stop_that_cannot_fall_back_fails_the_start_at_once(accel: str, owner: bool) -> None:
+    """Forced KVM (no owner to store a verdict) reports the failure; a guest TCG could not
+    run is not booted again. Either way at once, not at the boot deadline, and nothing is
+    left behind."""
+    told: list[str] = []
+    hv = FakeHypervisor(accel=accel, on_accel_fallback=told.append if owner else None)  # type: ignore[arg-type]
+    hv.fail_on.add("accel")
+    clock = FakeClock()
+    session = make(hv, clock=clock, timeout_s=600.0)
+    with pytest.raises(AccelFailed, match="internal-error") as info:
+        session.start()
+    assert info.value.code == "accel_failed"
+    assert clock.monotonic_ns() < 5e9
+    assert hv.accel == accel and told == []
+    assert hv.started == ["abcdef012345"] and hv.domains == {}
+    assert session.state == "failed"

@@ -139,6 +139,17 @@ class Domain(Protocol):
         """Whether the domain is still running (a guest may power itself off)."""
         ...
 
+    def stop_error(self) -> str | None:
+        """Why QEMU stopped the guest on its own, else ``None``.
+
+        Such a guest stays paused and alive (``is_running`` is still true) but never runs
+        again: QEMU's run state (QMP ``query-status``) is ``internal-error``, its
+        accelerator could not run an instruction (``KVM internal error ... emulation
+        failure``). The text names that state and QEMU's error lines from its log. A
+        domain the host paused (a save, a reset's spare) gives ``None``.
+        """
+        ...
+
     def console_tail(self, max_bytes: int = 4096) -> str:
         """The last ``max_bytes`` of the guest console, decoded leniently."""
         ...
@@ -178,6 +189,20 @@ class Hypervisor(Protocol):
 
     @property
     def accel(self) -> Accel: ...
+
+    def fall_back_to_tcg(self, reason: str) -> bool:
+        """Start every later domain under TCG: KVM stopped a guest
+        (:class:`~orchestrator.errors.AccelFailed`).
+
+        The host's probe boots a boot sector; some hosts (a PVM ``/dev/kvm``) run that but
+        stop a Linux kernel with ``KVM internal error``. The hypervisor switches once and
+        hands ``reason`` to its owner, which stores the new verdict for later processes.
+
+        Returns:
+            ``True`` when later domains run TCG (switched now, or already); ``False`` when
+            its owner forced KVM (the caller then reports the failure).
+        """
+        ...
 
     def start(self, spec: SessionSpec, *, nic: NicAttachment | None = None) -> Domain:
         """Create the overlay and start the domain for ``spec``.

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.display.fake import FakeDisplay, FakeGuestHelper
@@ -46,6 +47,8 @@ class FakeDomain:
         self.links: list[bool] = []
         """Link states the host set on its NIC, in order (:meth:`set_link`)."""
         self.running = True
+        self.stopped: str | None = None
+        """Why QEMU stopped this guest (:meth:`stop_error`); ``None``: it runs."""
         self.console = "[    0.000000] Linux version 6.1.0 (fake)\nfake login: desk\n"
         self._guest_log = bytearray()
         self._lock = threading.Lock()
@@ -92,6 +95,9 @@ class FakeDomain:
     def is_running(self) -> bool:
         return self.running
 
+    def stop_error(self) -> str | None:
+        return self.stopped
+
     def console_tail(self, max_bytes: int = 4096) -> str:
         return self.console[-max_bytes:]
 
@@ -120,6 +126,8 @@ class FakeHypervisor:
     * ``"start"``: the domain is defined (it shows in :attr:`domains` and
       :meth:`list_sessions`) and then :meth:`start` raises: the caller must tear it down.
     * ``"ready"``: the domain starts, then powers off at once (never becomes ready).
+    * ``"accel"``: the domain starts, then QEMU stops it as KVM does on a host whose KVM
+      cannot run a Linux guest (:meth:`FakeDomain.stop_error`), whatever :attr:`accel` is.
     * ``"destroy"``: :meth:`destroy` raises and leaves the domain behind (a leak the
       reaper must find).
     * ``"adopt"``: :meth:`adopt` raises (the domain is left as it is).
@@ -136,6 +144,7 @@ class FakeHypervisor:
 
     Args:
         accel: what the fake host "probed".
+        on_accel_fallback: as :class:`~orchestrator.hypervisor.libvirt.LibvirtHypervisor`'s.
         horizontal_wheel: whether the fake displays take horizontal wheel events (a QEMU
             8.1+ host); ``False`` models this project's QEMU 7.2 host.
         boot_screens: screendumps of each new domain that show a 720x400 boot console
@@ -157,8 +166,10 @@ class FakeHypervisor:
         horizontal_wheel: bool = True,
         boot_screens: int = 0,
         sessions_dir: Path | None = None,
+        on_accel_fallback: Callable[[str], None] | None = None,
     ) -> None:
         self._accel: Accel = accel
+        self._on_accel_fallback = on_accel_fallback
         self._sessions_dir = sessions_dir
         self._horizontal_wheel = horizontal_wheel
         self._boot_screens = boot_screens
@@ -178,6 +189,17 @@ class FakeHypervisor:
     @property
     def accel(self) -> Accel:
         return self._accel
+
+    def fall_back_to_tcg(self, reason: str) -> bool:
+        """See :meth:`Hypervisor.fall_back_to_tcg`."""
+        with self._lock:
+            if self._accel == "tcg":
+                return True
+            if self._on_accel_fallback is None:
+                return False
+            self._accel = "tcg"
+        self._on_accel_fallback(reason)
+        return True
 
     def _injected(self, step: str) -> bool:
         if step in self.fail_on:
@@ -202,6 +224,11 @@ class FakeHypervisor:
                 raise HypervisorError(f"injected failure starting {spec.session_id}")
             if self._injected("ready"):
                 domain.running = False
+            if self._injected("accel"):
+                domain.stopped = (
+                    "QEMU run state internal-error (KVM internal error. Suberror: 1; "
+                    "emulation failure)"
+                )
             self.started.append(spec.session_id)
             return domain
 

@@ -28,11 +28,13 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import libvirt
+import libvirt_qemu
 
 from orchestrator.display.guest_helper import HelperChannel
 from orchestrator.display.qmp import QmpDisplay, keyboard_qom_path
@@ -88,6 +90,15 @@ _LIBVIRT_QEMU_RUN = Path("/run/libvirt/qemu")
 """Where libvirt's system QEMU driver keeps each running domain's pid file."""
 _GONE = (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID)
 """libvirt error codes of a destroy whose domain is already gone or stopped."""
+
+_QEMU_LOG_DIR = Path("/var/log/libvirt/qemu")
+"""Where libvirt's system QEMU driver writes each domain's QEMU log (``<name>.log``)."""
+_STOPPED_STATE = "internal-error"
+"""QEMU's run state (QMP ``RunState``) of a guest its accelerator could not run on."""
+_QEMU_ERROR_LINE = re.compile(
+    r"^(KVM internal error.*|emulation failure.*|.*qemu-system-\S+: .*(error|fail).*)$",
+    re.MULTILINE | re.IGNORECASE,
+)
 
 DISK_RESERVE_MIB = 1024
 """Space that must stay free on the sessions' file system after every session's disk cap."""
@@ -169,6 +180,31 @@ class LibvirtDomain:
             return bool(self._dom.isActive())
         except libvirt.libvirtError:
             return False
+
+    def stop_error(self) -> str | None:
+        # libvirt shows such a guest as paused with reason "unknown" (QEMU paused it, not
+        # libvirt): only then ask QEMU, so the usual poll costs one state call.
+        try:
+            state, reason = self._dom.state()
+        except libvirt.libvirtError:
+            return None
+        if state != libvirt.VIR_DOMAIN_PAUSED or reason != libvirt.VIR_DOMAIN_PAUSED_UNKNOWN:
+            return None
+        try:
+            reply = libvirt_qemu.qemuMonitorCommand(
+                self._dom, json.dumps({"execute": "query-status"}), 0
+            )
+            status = str(json.loads(reply)["return"]["status"])
+        except (libvirt.libvirtError, ValueError, KeyError, TypeError):
+            return None
+        if status != _STOPPED_STATE:
+            return None
+        try:
+            log = _tail(_QEMU_LOG_DIR / f"{self._dom.name()}.log", 16384).decode("utf-8", "replace")
+        except libvirt.libvirtError:
+            log = ""
+        lines = [m.group(0).strip() for m in _QEMU_ERROR_LINE.finditer(log)][:4]
+        return f"QEMU run state {status}" + (f" ({'; '.join(lines)})" if lines else "")
 
     def console_tail(self, max_bytes: int = 4096) -> str:
         return _tail(self._paths.console_log, max_bytes).decode("utf-8", "replace")
@@ -277,6 +313,9 @@ class LibvirtHypervisor:
         sessions_dir: where per-session directories (overlay, logs) are created.
         accel: ``"kvm"`` or ``"tcg"``, as found by the host's acceleration probe.
         uri: libvirt connection URI.
+        on_accel_fallback: called with the reason when :meth:`fall_back_to_tcg` switches
+            (the runtime stores the host's new verdict); ``None``: KVM was forced, so a
+            KVM failure is reported, not worked around.
     """
 
     def __init__(
@@ -286,9 +325,11 @@ class LibvirtHypervisor:
         accel: Accel,
         uri: str = "qemu:///system",
         instance: Instance | None = None,
+        on_accel_fallback: Callable[[str], None] | None = None,
     ) -> None:
         self._sessions_dir = sessions_dir
         self._accel: Accel = accel
+        self._on_accel_fallback = on_accel_fallback
         self._uri = uri
         self._conn = open_connection(uri)
         self._lock = threading.Lock()
@@ -317,6 +358,20 @@ class LibvirtHypervisor:
     @property
     def accel(self) -> Accel:
         return self._accel
+
+    def fall_back_to_tcg(self, reason: str) -> bool:
+        with self._lock:
+            if self._accel == "tcg":
+                return True
+            if self._on_accel_fallback is None:
+                return False
+            self._accel = "tcg"
+        log.warning("KVM stopped a guest (%s): every later domain runs under TCG", reason)
+        try:
+            self._on_accel_fallback(reason)
+        except Exception as exc:  # the switch holds for this process even if storing fails
+            log.warning("could not store the TCG verdict: %s", exc)
+        return True
 
     def close(self) -> None:
         """Close the connection; an instance it made itself is released too (its sessions
