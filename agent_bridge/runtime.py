@@ -22,6 +22,7 @@ from orchestrator.host import (
     default_total_memory_mib,
     host_memory_mib,
     load_accel,
+    load_host_record,
     store_accel,
 )
 from orchestrator.hypervisor.base import Accel
@@ -34,7 +35,7 @@ from orchestrator.store import FileSessionStore
 __all__ = [
     "EGRESS_RUN_DIR",
     "BackgroundServer",
-    "accel_fallback_store",
+    "HostAccelVerdict",
     "build_authority",
     "build_egress",
     "build_manager",
@@ -67,24 +68,50 @@ def resolve_accel(settings: Settings) -> Accel:
     return accel
 
 
-def accel_fallback_store(settings: Settings) -> Callable[[str], None] | None:
-    """What a hypervisor calls when KVM stopped a guest and it fell back to TCG: store TCG
-    as the host's verdict, with why, so later processes start under TCG too (``deskvm
-    doctor --reprobe`` probes again). ``None`` when the settings force an acceleration:
-    a forced KVM that fails is reported, not worked around."""
-    if settings.accel != "auto":
-        return None
-    host_file = settings.host_file
+class HostAccelVerdict:
+    """The host file's acceleration verdict, as a hypervisor's
+    :class:`~orchestrator.hypervisor.base.AccelVerdict`: a KVM stop before any Linux guest
+    reached ready under KVM stores TCG (later processes start under TCG; ``deskvm doctor
+    --reprobe`` probes again), and the first ready under KVM is stored as proof.
 
-    def store(reason: str) -> None:
-        store_accel(
-            host_file,
-            "tcg",
-            f"kvm: the boot-sector probe ran but KVM stopped a Linux guest ({reason}); "
-            "TCG since then",
-        )
+    Args:
+        host_file: the doctor's verdict file (``settings.host_file``).
+        pinned: the owner fixed KVM (``DESKVM_ACCEL=kvm``, a cluster node's ``kvm`` label):
+            a stop is stored but does not switch this process to TCG.
+    """
 
-    return store
+    def __init__(self, host_file: Path, *, pinned: bool = False) -> None:
+        self.host_file = host_file
+        self.pinned = pinned
+        record = load_host_record(host_file)
+        self.kvm_proven = record.get("accel") == "kvm" and record.get("kvm_ran_linux") is True
+        self._lock = threading.Lock()
+
+    def kvm_failed(self, reason: str) -> None:
+        with self._lock:
+            store_accel(
+                self.host_file,
+                "tcg",
+                f"kvm: the probe's boot sector ran but KVM stopped a Linux guest ({reason}); "
+                "TCG since then",
+                source="boot",
+            )
+
+    def kvm_ran_linux(self) -> None:
+        with self._lock:
+            if self.kvm_proven:
+                return
+            record = load_host_record(self.host_file)
+            if record.get("accel") not in (None, "kvm"):
+                return  # another process stored TCG meanwhile: its evidence stands
+            store_accel(
+                self.host_file,
+                "kvm",
+                "kvm: a Linux guest reached ready under KVM",
+                source="boot",
+                kvm_ran_linux=True,
+            )
+            self.kvm_proven = True
 
 
 def ensure_token(settings: Settings) -> str:
@@ -232,7 +259,7 @@ def build_manager(
             accel=accel,
             uri=settings.libvirt_uri,
             instance=instance,
-            on_accel_fallback=accel_fallback_store(settings),
+            accel_verdict=HostAccelVerdict(settings.host_file, pinned=settings.accel == "kvm"),
         )
     except BaseException:
         instance.close()

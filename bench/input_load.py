@@ -44,7 +44,7 @@ from pathlib import Path
 
 from agent_bridge.client import Client, Session
 from agent_bridge.input_check import ProbeReader, has_text, presses, releases
-from agent_bridge.runtime import BackgroundServer, resolve_accel
+from agent_bridge.runtime import BackgroundServer, HostAccelVerdict, resolve_accel
 from agent_bridge.server import create_app
 from orchestrator.hypervisor.domain_xml import domain_name
 from orchestrator.hypervisor.libvirt import LibvirtHypervisor
@@ -156,7 +156,10 @@ def main() -> None:
     settings = dataclasses.replace(Settings.from_env(), max_typed_chars_per_s=100_000.0)
     manager = SessionManager(
         hypervisor=LibvirtHypervisor(
-            settings.sessions_dir, accel=resolve_accel(settings), uri=settings.libvirt_uri
+            settings.sessions_dir,
+            accel=resolve_accel(settings),
+            uri=settings.libvirt_uri,
+            accel_verdict=HostAccelVerdict(settings.host_file, pinned=settings.accel == "kvm"),
         ),
         resolve_image=lambda name: find_image(name or settings.default_image, settings.images_dir),
         recordings_dir=settings.recordings_dir,

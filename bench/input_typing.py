@@ -51,7 +51,7 @@ from contextlib import contextmanager
 
 from agent_bridge.client import Client
 from agent_bridge.input_check import ASCII_ALPHABET, NON_US_ALPHABET, measure_typing
-from agent_bridge.runtime import BackgroundServer, resolve_accel
+from agent_bridge.runtime import BackgroundServer, HostAccelVerdict, resolve_accel
 from agent_bridge.server import create_app
 from orchestrator.display.key_pacing import KeyPacer
 from orchestrator.display.qmp import QmpDisplay
@@ -134,7 +134,10 @@ def main() -> None:
         KeyPacer.before = lambda self, keys, interrupt=None: None  # type: ignore[method-assign]
     manager = SessionManager(
         hypervisor=LibvirtHypervisor(
-            settings.sessions_dir, accel=resolve_accel(settings), uri=settings.libvirt_uri
+            settings.sessions_dir,
+            accel=resolve_accel(settings),
+            uri=settings.libvirt_uri,
+            accel_verdict=HostAccelVerdict(settings.host_file, pinned=settings.accel == "kvm"),
         ),
         resolve_image=lambda name: find_image(name or settings.default_image, settings.images_dir),
         recordings_dir=settings.recordings_dir,

@@ -13,6 +13,7 @@ kept as ``__cause__``::
     ├── ProtocolError            a malformed or unsupported message/action (pure layer)
     │   └── ActionError          well-formed but not executable here (e.g. off-screen)
     ├── HypervisorError          libvirt refused or failed (define, start, destroy)
+    │   ├── AccelFailed          QEMU stopped the guest: its accelerator failed (KVM)
     │   └── BootTimeout          the desktop was not drawn before the deadline
     ├── DisplayError             screendump or input injection failed
     │   └── GuestHelperError     the in-guest helper failed or timed out
@@ -109,7 +110,7 @@ class HypervisorError(DeskvmError):
 class AccelFailed(HypervisorError):
     """QEMU stopped the guest on its own: its run state is ``internal-error`` (e.g. ``KVM
     internal error ... emulation failure``, a host whose ``/dev/kvm`` runs a boot sector but
-    not a Linux kernel) or ``guest-panicked``. The guest never runs again."""
+    not a Linux kernel). The guest never runs again."""
 
     code = "accel_failed"
 

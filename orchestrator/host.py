@@ -18,6 +18,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -195,7 +196,15 @@ def probe_accel(
                 deadline = time.monotonic() + timeout_s
                 while time.monotonic() < deadline:
                     if serial.exists() and PROBE_MESSAGE in serial.read_bytes():
-                        return accel, "; ".join([*reasons, f"{accel}: guest ran"])
+                        ran = (
+                            f"{accel}: guest ran"
+                            if accel == "tcg"
+                            else (
+                                "kvm: the probe's boot sector ran (the first Linux boot confirms "
+                                "it: one KVM stops falls back to TCG)"
+                            )
+                        )
+                        return accel, "; ".join([*reasons, ran])
                     if not dom.isActive():
                         reasons.append(f"{accel}: guest died")
                         break
@@ -212,17 +221,48 @@ def probe_accel(
             conn.close()
 
 
-def store_accel(host_file: Path, accel: Literal["kvm", "tcg"], why: str) -> None:
-    """Store the host's acceleration verdict (JSON ``accel``, ``why``, ``probed_at`` in
-    seconds since the epoch), written whole (a reader never sees half a file).
+def store_accel(
+    host_file: Path,
+    accel: Literal["kvm", "tcg"],
+    why: str,
+    *,
+    source: Literal["probe", "boot"] = "probe",
+    kvm_ran_linux: bool = False,
+) -> None:
+    """Store the host's acceleration verdict, written whole (a reader never sees half a file).
+
+    The file is JSON: ``accel``, ``why``, ``source`` (``probe``: the doctor's boot sector;
+    ``boot``: what a real boot showed), ``probed_at`` (seconds since the epoch) and, once a
+    Linux guest reached ready under KVM, ``kvm_ran_linux: true``.
 
     Raises:
-        OSError: the file could not be written.
+        OSError: the file could not be written (no temporary file is left).
     """
     host_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = host_file.with_name(f".{host_file.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"accel": accel, "why": why, "probed_at": time.time()}))
-    tmp.replace(host_file)
+    record: dict[str, object] = {
+        "accel": accel, "why": why, "source": source, "probed_at": time.time(),
+    }  # fmt: skip
+    if kvm_ran_linux:
+        record["kvm_ran_linux"] = True
+    fd, tmp = tempfile.mkstemp(dir=host_file.parent, prefix=f".{host_file.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, host_file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def load_host_record(host_file: Path) -> dict[str, object]:
+    """The stored verdict's record (see :func:`store_accel`); ``{}`` when there is none."""
+    try:
+        record = json.loads(host_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def load_accel(host_file: Path) -> Literal["kvm", "tcg"] | None:
@@ -422,15 +462,12 @@ def run_doctor(
             return report
         store_accel(host_file, accel, why)
     else:
-        try:
-            stored_why = str(json.loads(host_file.read_text()).get("why") or "")
-        except (OSError, ValueError, AttributeError):
-            stored_why = ""
+        stored_why = str(load_host_record(host_file).get("why") or "")
         why = f"{stored_why}; " if stored_why else ""
         why += f"stored verdict in {host_file} (--reprobe to test again)"
     report.accel = accel
     if accel == "kvm":
-        add(Check("acceleration", "ok", f"KVM ({why}; a boot KVM stops falls back to TCG)"))
+        add(Check("acceleration", "ok", f"KVM ({why})"))
     else:
         add(Check("acceleration", "warn",
                   f"TCG software emulation ({why}). TCG is slow and QEMU documents it is NOT a "

@@ -555,16 +555,20 @@ class Session:
             try:
                 self._wait_ready(t0, warm=warm is not None)
             except AccelFailed as exc:
-                if (
-                    warm is not None
-                    or boot_accel != "kvm"
-                    or not self._hypervisor.fall_back_to_tcg(exc.message)
-                ):
+                if warm is not None or boot_accel != "kvm":
                     raise
+                if not self._hypervisor.fall_back_to_tcg(exc.message):
+                    raise AccelFailed(
+                        f"{exc.message}. Not booted again under TCG: KVM is forced "
+                        "(DESKVM_ACCEL=kvm, or a cluster node labelled kvm) or already ran a "
+                        "Linux guest on this host; `deskvm doctor --reprobe` probes again"
+                    ) from exc
                 phases["accel_failed_s"], mark = self._since(mark)
                 self._boot_again_under_tcg(exc)
                 self._wait_ready(self._clock.monotonic_ns())
             phases["ready_s"], mark = self._since(mark)
+            if warm is None and boot_accel == "kvm" and self._hypervisor.accel == "kvm":
+                self._hypervisor.kvm_ran_linux()
             self.start_phases_s = phases
         except BaseException as exc:
             with self._state_lock:
@@ -1318,9 +1322,10 @@ class Session:
         return self._guest_log_snapshot
 
     def domain_running(self) -> bool:
-        """Whether the session's domain (its QEMU process) is still running."""
+        """Whether the session's domain (its QEMU process) is still running and its guest
+        can run: ``False`` too when QEMU stopped it for good (``Domain.stop_error``)."""
         domain = self._domain
-        return domain is not None and domain.is_running()
+        return domain is not None and domain.is_running() and domain.stop_error() is None
 
     def guest_key_events(self) -> int | None:
         """The guest X server's count of processed key events, as its helper last reported
@@ -1869,6 +1874,8 @@ class Session:
         while True:
             if self._closing.is_set():
                 raise SessionClosed(f"session {self.id} was closed while resetting")
+            if (stopped := domain.stop_error()) is not None:
+                raise AccelFailed(f"session {self.id}: QEMU stopped the reset guest: {stopped}")
             image = domain.display.screendump()
             d = self.spec.display
             ready, reason = desktop_drawn(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge.runtime import accel_fallback_store, ensure_token, resolve_accel
+from agent_bridge.runtime import HostAccelVerdict, ensure_token, resolve_accel
 from orchestrator import host
 from orchestrator.errors import ConfigError, HostSetupError
 from orchestrator.host import PROBE_MESSAGE, boot_sector, load_accel
@@ -52,17 +52,25 @@ def test_accel_needs_a_probe_verdict(tmp_path: Path) -> None:
     assert resolve_accel(s) == "kvm"
 
 
-def test_a_kvm_fallback_is_stored_as_the_hosts_verdict(tmp_path: Path) -> None:
+def test_the_hosts_verdict_learns_from_real_boots(tmp_path: Path) -> None:
+    """A KVM stop before any Linux guest ran stores TCG (later processes start under it);
+    the first ready under KVM is stored as proof, which later verdicts read back."""
     s = Settings.from_env({"DESKVM_STATE_DIR": str(tmp_path)})
     s.host_file.write_text('{"accel": "kvm", "why": "kvm: guest ran"}')
-    store = accel_fallback_store(s)
-    assert store is not None
-    store("QEMU run state internal-error (KVM internal error. Suberror: 1)")
+    verdict = HostAccelVerdict(s.host_file)
+    assert not verdict.kvm_proven and not verdict.pinned
+    verdict.kvm_failed("QEMU run state internal-error (KVM internal error. Suberror: 1)")
     assert resolve_accel(s) == "tcg"
-    assert "KVM internal error" in json.loads(s.host_file.read_text())["why"]
+    record = json.loads(s.host_file.read_text())
+    assert "KVM internal error" in record["why"] and record["source"] == "boot"
     assert [p.name for p in tmp_path.iterdir()] == [s.host_file.name]  # no temporary left
-    forced = Settings.from_env({"DESKVM_STATE_DIR": str(tmp_path), "DESKVM_ACCEL": "kvm"})
-    assert accel_fallback_store(forced) is None  # a forced KVM is not worked around
+    verdict.kvm_ran_linux()  # another process's TCG verdict stands
+    assert resolve_accel(s) == "tcg" and not verdict.kvm_proven
+
+    s.host_file.write_text('{"accel": "kvm", "why": "kvm: guest ran"}')
+    HostAccelVerdict(s.host_file).kvm_ran_linux()
+    assert json.loads(s.host_file.read_text())["kvm_ran_linux"] is True
+    assert HostAccelVerdict(s.host_file, pinned=True).kvm_proven
 
 
 def test_token_file_is_private_and_stable(tmp_path: Path) -> None:

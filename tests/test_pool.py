@@ -749,14 +749,39 @@ def test_a_template_whose_guest_clock_never_answers_is_saved_anyway(
         assert "guest clock did not answer" in caplog.text
 
 
+class Verdict:
+    """An :class:`~orchestrator.hypervisor.base.AccelVerdict` that remembers its calls."""
+
+    def __init__(self) -> None:
+        self.pinned, self.kvm_proven = False, False
+        self.failed: list[str] = []
+        self.ran = 0
+
+    def kvm_failed(self, reason: str) -> None:
+        self.failed.append(reason)
+
+    def kvm_ran_linux(self) -> None:
+        self.ran += 1
+        self.kvm_proven = True
+
+
 def test_a_template_kvm_stops_is_booted_again_under_tcg_at_once(tmp_path: Path) -> None:
     """KVM stops the template's Linux guest (a PVM host): the pool does not wait out its
     retry delay; the hypervisor falls back to TCG and the next template boot fills it."""
-    told: list[str] = []
-    hv = FakeHypervisor(accel="kvm", on_accel_fallback=told.append)
+    verdict = Verdict()
+    hv = FakeHypervisor(accel="kvm", accel_verdict=verdict)
     hv.fail_on.add("accel")
     with running_pool(manager(tmp_path, hv, size=1), hv) as m:
         assert m.pool is not None
         assert m.pool.wait_full(5)  # RETRY_S is 30 s: only an immediate retry fills it
-        assert hv.accel == "tcg" and len(told) == 1 and "KVM internal error" in told[0]
+        assert hv.accel == "tcg" and len(verdict.failed) == 1
+        assert "KVM internal error" in verdict.failed[0] and verdict.ran == 0
         assert create(m).start_kind == "warm"
+
+
+def test_a_template_ready_under_kvm_is_proof_that_kvm_runs_linux(tmp_path: Path) -> None:
+    verdict = Verdict()
+    hv = FakeHypervisor(accel="kvm", accel_verdict=verdict)
+    with running_pool(manager(tmp_path, hv, size=1), hv) as m:
+        assert m.pool is not None and m.pool.wait_full(5)
+        assert verdict.ran == 1 and verdict.failed == [] and hv.accel == "kvm"

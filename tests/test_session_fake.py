@@ -9,6 +9,7 @@ import pytest
 
 from agent_bridge.protocol import parse_deskvm_action
 from agent_bridge.protocol.results import CursorResult, ImageResult
+from orchestrator.capture import FrameCapture
 from orchestrator.clock import FakeClock
 from orchestrator.display.base import KeyEvent
 from orchestrator.errors import (
@@ -359,22 +360,60 @@ def test_the_default_memory_total_follows_the_host(tmp_path: Path) -> None:
     assert host_memory_mib(tmp_path / "absent") is None
 
 
-def test_kvm_stopping_the_cold_boot_falls_back_to_tcg_and_boots_again() -> None:
+class Verdict:
+    """An :class:`~orchestrator.hypervisor.base.AccelVerdict` that remembers its calls."""
+
+    def __init__(self, *, pinned: bool = False, kvm_proven: bool = False) -> None:
+        self.pinned, self.kvm_proven = pinned, kvm_proven
+        self.failed: list[str] = []
+        self.ran = 0
+
+    def kvm_failed(self, reason: str) -> None:
+        self.failed.append(reason)
+
+    def kvm_ran_linux(self) -> None:
+        self.ran += 1
+        self.kvm_proven = True
+
+
+def test_kvm_stopping_the_cold_boot_falls_back_to_tcg_and_boots_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A host whose /dev/kvm runs the doctor's boot sector but stops a Linux guest with
-    ``KVM internal error`` (a PVM host): the session boots again under TCG, the
-    hypervisor stays on TCG and its owner is told once, to store the verdict."""
-    told: list[str] = []
-    hv = FakeHypervisor(accel="kvm", on_accel_fallback=told.append)
+    ``KVM internal error`` (a PVM host): the session boots again under TCG at once, the
+    hypervisor stays on TCG and the verdict is told once. The stopped domain's capture
+    and display are closed before the new domain starts."""
+    verdict = Verdict()
+    hv = FakeHypervisor(accel="kvm", accel_verdict=verdict)
     hv.fail_on.add("accel")
-    recorder = MemoryRecorder(FakeClock())
-    session = make(hv, recorder=recorder)
+    booted = []
+    original = hv.start
+
+    def start(spec, nic=None):
+        booted.append(original(spec, nic=nic))
+        return booted[-1]
+
+    hv.start = start  # type: ignore[method-assign]
+    captures: list[FrameCapture] = []
+
+    class Capture(FrameCapture):
+        def start(self) -> None:
+            captures.append(self)
+            super().start()
+
+    monkeypatch.setattr("orchestrator.session.FrameCapture", Capture)
+    clock = FakeClock()
+    recorder = MemoryRecorder(clock)
+    session = make(hv, recorder=recorder, clock=clock, timeout_s=600.0)
     session.start()
-    assert session.state == "ready"
+    assert session.state == "ready" and clock.monotonic_ns() < 10e9
     assert hv.accel == "tcg"
-    assert len(told) == 1 and "KVM internal error" in told[0]
-    assert hv.started == ["abcdef012345", "abcdef012345"]
-    assert hv.destroyed == ["abcdef012345"]  # the stopped domain and its overlay
-    assert hv.domains["abcdef012345"].stop_error() is None
+    assert len(verdict.failed) == 1 and "KVM internal error" in verdict.failed[0]
+    assert verdict.ran == 0  # a TCG boot proves nothing of KVM
+    assert len(booted) == 2 and hv.destroyed == ["abcdef012345"]  # the stopped one
+    assert booted[0].display.closed and not booted[1].display.closed
+    assert len(captures) == 2 and captures[0]._stopped and not captures[1]._stopped
+    assert session._frames is captures[1]
     fallback = [e.data for e in recorder.events if e.data.get("event") == "accel_fallback"]
     assert len(fallback) == 1 and fallback[0]["accel"] == "tcg"
     assert "accel_failed_s" in session.start_phases_s
@@ -383,21 +422,45 @@ def test_kvm_stopping_the_cold_boot_falls_back_to_tcg_and_boots_again() -> None:
 
 
 @pytest.mark.parametrize(
-    ("accel", "owner"), [("kvm", False), ("tcg", True)], ids=["forced-kvm", "already-tcg"]
+    ("accel", "verdict", "stored"),
+    [
+        ("kvm", None, 0),
+        ("kvm", Verdict(pinned=True), 1),
+        ("kvm", Verdict(kvm_proven=True), 0),
+        ("tcg", Verdict(), 0),
+    ],
+    ids=["forced-kvm", "pinned", "kvm-ran-linux-before", "already-tcg"],
 )
-def test_a_stop_that_cannot_fall_back_fails_the_start_at_once(accel: str, owner: bool) -> None:
-    """Forced KVM (no owner to store a verdict) reports the failure; a guest TCG could not
-    run is not booted again. Either way at once, not at the boot deadline, and nothing is
-    left behind."""
-    told: list[str] = []
-    hv = FakeHypervisor(accel=accel, on_accel_fallback=told.append if owner else None)  # type: ignore[arg-type]
+def test_a_stop_that_cannot_fall_back_fails_the_start_at_once(
+    accel: str, verdict: Verdict | None, stored: int
+) -> None:
+    """No verdict (KVM forced) or a pinned one (a cluster node labelled kvm) reports the
+    failure, the pinned one storing TCG for the next start; a host where KVM already ran
+    a Linux guest does not move to TCG for one stop (a one-off, or an image that provokes
+    it); a guest TCG could not run is not booted again. Each at once, not at the boot
+    deadline, and nothing is left behind."""
+    hv = FakeHypervisor(accel=accel, accel_verdict=verdict)  # type: ignore[arg-type]
     hv.fail_on.add("accel")
     clock = FakeClock()
     session = make(hv, clock=clock, timeout_s=600.0)
     with pytest.raises(AccelFailed, match="internal-error") as info:
         session.start()
     assert info.value.code == "accel_failed"
+    if accel == "kvm":
+        assert "doctor --reprobe" in info.value.message
     assert clock.monotonic_ns() < 5e9
-    assert hv.accel == accel and told == []
+    assert hv.accel == accel
+    assert (len(verdict.failed) if verdict is not None else 0) == stored
     assert hv.started == ["abcdef012345"] and hv.domains == {}
     assert session.state == "failed"
+
+
+def test_the_first_cold_ready_under_kvm_is_stored_as_proof_once() -> None:
+    verdict = Verdict()
+    hv = FakeHypervisor(accel="kvm", accel_verdict=verdict)
+    for sid in ("abcdef012345", "bcdef0123456"):
+        session = make(hv, sid=sid)
+        session.start()
+        session.close()
+    assert verdict.ran == 1 and verdict.kvm_proven and hv.kvm_ran == 2
+    assert hv.accel == "kvm"

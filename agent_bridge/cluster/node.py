@@ -170,6 +170,9 @@ class NodeAgent:
         capacity = config.capacity
         settings = replace(
             config.settings,
+            # Sessions run as the node's label says: a KVM node whose KVM stops a guest
+            # reports it (and stores TCG for its next start) rather than run TCG as "kvm".
+            accel=capacity.accel if capacity.accel in ("kvm", "tcg") else config.settings.accel,
             max_sessions=capacity.slots,
             max_total_memory_mib=capacity.memory_mib,
         )

@@ -67,6 +67,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "session_lost": 410,
     "boot_timeout": 504,
     "hypervisor_error": 502,
+    "accel_failed": 502,
     "display_error": 502,
     "guest_helper_error": 502,
     "guest_reply_invalid": 502,

@@ -72,6 +72,7 @@ class FakeDisplay:
         self.boot_size_px = boot_size_px
         self.has_horizontal_wheel = horizontal_wheel
         self.has_key_flow_control = key_flow_control
+        self.closed = False
         self.width_px = width_px
         self.height_px = height_px
         self.background_rgb = background_rgb
@@ -118,7 +119,8 @@ class FakeDisplay:
             self.pointer = (min(x, width_px - 1), min(y, height_px - 1))
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Nothing to release; :attr:`closed` says it was called."""
+        self.closed = True
 
     def key_flow_control(self) -> bool:
         return self.has_key_flow_control

@@ -7,6 +7,7 @@ both. The running :class:`Domain` exposes its display (frames and input) and its
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -15,9 +16,20 @@ from orchestrator.display.base import DisplayBackend
 from orchestrator.display.guest_helper import GuestHelper
 from orchestrator.spec import SessionSpec
 
-__all__ = ["Accel", "Domain", "Hypervisor", "NicAttachment", "SavedState", "SessionPaths"]
+__all__ = [
+    "Accel",
+    "AccelVerdict",
+    "Domain",
+    "Hypervisor",
+    "NicAttachment",
+    "SavedState",
+    "SessionPaths",
+    "kvm_stop_switches",
+]
 
 Accel = Literal["kvm", "tcg"]
+
+log = logging.getLogger("deskvm.hypervisor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +196,49 @@ class Domain(Protocol):
         ...
 
 
+class AccelVerdict(Protocol):
+    """What a hypervisor learns of the host's KVM, kept by its owner (the runtime keeps it in
+    the host file, :func:`orchestrator.host.store_accel`).
+
+    The host's probe boots a boot sector; some hosts (a PVM ``/dev/kvm``) run that but stop
+    every Linux kernel with ``KVM internal error``. The first such stop, before any Linux
+    guest reached ready under KVM on the host, makes TCG the verdict; once one did, a stop
+    is that guest's (a one-off emulation failure, or an image that provokes one) and moves
+    nothing.
+
+    Attributes:
+        pinned: the owner fixed KVM (``DESKVM_ACCEL=kvm``, or a cluster node whose label
+            says ``kvm``): a stop is stored but the hypervisor does not switch.
+        kvm_proven: a Linux guest reached ready under KVM on this host before.
+    """
+
+    pinned: bool
+    kvm_proven: bool
+
+    def kvm_failed(self, reason: str) -> None:
+        """Store TCG as the host's verdict, with ``reason``."""
+        ...
+
+    def kvm_ran_linux(self) -> None:
+        """Store that a Linux guest reached ready under KVM (sets ``kvm_proven``)."""
+        ...
+
+
+def kvm_stop_switches(verdict: AccelVerdict | None, reason: str) -> bool:
+    """Store a KVM stop in ``verdict`` as it allows; whether the hypervisor switches to TCG.
+
+    Shared by the hypervisors' :meth:`Hypervisor.fall_back_to_tcg`. A verdict that cannot
+    be stored is logged: the switch holds for this process all the same.
+    """
+    if verdict is None or verdict.kvm_proven:
+        return False
+    try:
+        verdict.kvm_failed(reason)
+    except Exception as exc:
+        log.warning("could not store the TCG verdict: %s", exc)
+    return not verdict.pinned
+
+
 class Hypervisor(Protocol):
     """Starts and destroys disposable session domains."""
 
@@ -191,17 +246,18 @@ class Hypervisor(Protocol):
     def accel(self) -> Accel: ...
 
     def fall_back_to_tcg(self, reason: str) -> bool:
-        """Start every later domain under TCG: KVM stopped a guest
-        (:class:`~orchestrator.errors.AccelFailed`).
-
-        The host's probe boots a boot sector; some hosts (a PVM ``/dev/kvm``) run that but
-        stop a Linux kernel with ``KVM internal error``. The hypervisor switches once and
-        hands ``reason`` to its owner, which stores the new verdict for later processes.
+        """KVM stopped a guest (:class:`~orchestrator.errors.AccelFailed`): start every later
+        domain under TCG, as its :class:`AccelVerdict` allows.
 
         Returns:
             ``True`` when later domains run TCG (switched now, or already); ``False`` when
-            its owner forced KVM (the caller then reports the failure).
+            the failure is to be reported: no verdict (KVM forced), a pinned one, or KVM
+            already ran a Linux guest to ready here.
         """
+        ...
+
+    def kvm_ran_linux(self) -> None:
+        """A guest reached ready under KVM: tell the verdict (once); a no-op under TCG."""
         ...
 
     def start(self, spec: SessionSpec, *, nic: NicAttachment | None = None) -> Domain:

@@ -12,12 +12,18 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.display.fake import FakeDisplay, FakeGuestHelper
 from orchestrator.errors import HypervisorError
-from orchestrator.hypervisor.base import LIVE_CPU_WEIGHT, Accel, NicAttachment, SavedState
+from orchestrator.hypervisor.base import (
+    LIVE_CPU_WEIGHT,
+    Accel,
+    AccelVerdict,
+    NicAttachment,
+    SavedState,
+    kvm_stop_switches,
+)
 from orchestrator.spec import SessionSpec
 
 __all__ = ["FakeDomain", "FakeHypervisor"]
@@ -144,7 +150,7 @@ class FakeHypervisor:
 
     Args:
         accel: what the fake host "probed".
-        on_accel_fallback: as :class:`~orchestrator.hypervisor.libvirt.LibvirtHypervisor`'s.
+        accel_verdict: as :class:`~orchestrator.hypervisor.libvirt.LibvirtHypervisor`'s.
         horizontal_wheel: whether the fake displays take horizontal wheel events (a QEMU
             8.1+ host); ``False`` models this project's QEMU 7.2 host.
         boot_screens: screendumps of each new domain that show a 720x400 boot console
@@ -166,10 +172,12 @@ class FakeHypervisor:
         horizontal_wheel: bool = True,
         boot_screens: int = 0,
         sessions_dir: Path | None = None,
-        on_accel_fallback: Callable[[str], None] | None = None,
+        accel_verdict: AccelVerdict | None = None,
     ) -> None:
         self._accel: Accel = accel
-        self._on_accel_fallback = on_accel_fallback
+        self._verdict = accel_verdict
+        self.kvm_ran = 0
+        """How often :meth:`kvm_ran_linux` was called under KVM."""
         self._sessions_dir = sessions_dir
         self._horizontal_wheel = horizontal_wheel
         self._boot_screens = boot_screens
@@ -195,11 +203,20 @@ class FakeHypervisor:
         with self._lock:
             if self._accel == "tcg":
                 return True
-            if self._on_accel_fallback is None:
+            if not kvm_stop_switches(self._verdict, reason):
                 return False
             self._accel = "tcg"
-        self._on_accel_fallback(reason)
-        return True
+            return True
+
+    def kvm_ran_linux(self) -> None:
+        """See :meth:`Hypervisor.kvm_ran_linux`."""
+        with self._lock:
+            if self._accel != "kvm":
+                return
+            self.kvm_ran += 1
+            verdict = self._verdict
+        if verdict is not None and not verdict.kvm_proven:
+            verdict.kvm_ran_linux()
 
     def _injected(self, step: str) -> bool:
         if step in self.fail_on:

@@ -28,7 +28,6 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,9 +47,11 @@ from orchestrator.errors import (
 from orchestrator.hypervisor.base import (
     LIVE_CPU_WEIGHT,
     Accel,
+    AccelVerdict,
     NicAttachment,
     SavedState,
     SessionPaths,
+    kvm_stop_switches,
 )
 from orchestrator.hypervisor.domain_xml import (
     KEYBOARD_ALIAS,
@@ -203,7 +204,10 @@ class LibvirtDomain:
             log = _tail(_QEMU_LOG_DIR / f"{self._dom.name()}.log", 16384).decode("utf-8", "replace")
         except libvirt.libvirtError:
             log = ""
-        lines = [m.group(0).strip() for m in _QEMU_ERROR_LINE.finditer(log)][:4]
+        # The log is the domain name's: an earlier domain of the session wrote above this
+        # one's "starting up" line.
+        log = log[log.rfind("starting up") :] if "starting up" in log else log
+        lines = [m.group(0).strip() for m in _QEMU_ERROR_LINE.finditer(log)][-4:]
         return f"QEMU run state {status}" + (f" ({'; '.join(lines)})" if lines else "")
 
     def console_tail(self, max_bytes: int = 4096) -> str:
@@ -313,9 +317,9 @@ class LibvirtHypervisor:
         sessions_dir: where per-session directories (overlay, logs) are created.
         accel: ``"kvm"`` or ``"tcg"``, as found by the host's acceleration probe.
         uri: libvirt connection URI.
-        on_accel_fallback: called with the reason when :meth:`fall_back_to_tcg` switches
-            (the runtime stores the host's new verdict); ``None``: KVM was forced, so a
-            KVM failure is reported, not worked around.
+        accel_verdict: what this hypervisor learns of the host's KVM is kept there, and
+            whether a KVM stop may move it to TCG (:meth:`fall_back_to_tcg`); ``None``: KVM
+            was forced, a stop is reported.
     """
 
     def __init__(
@@ -325,11 +329,12 @@ class LibvirtHypervisor:
         accel: Accel,
         uri: str = "qemu:///system",
         instance: Instance | None = None,
-        on_accel_fallback: Callable[[str], None] | None = None,
+        accel_verdict: AccelVerdict | None = None,
     ) -> None:
         self._sessions_dir = sessions_dir
         self._accel: Accel = accel
-        self._on_accel_fallback = on_accel_fallback
+        self._verdict = accel_verdict
+        self._kvm_ran = False
         self._uri = uri
         self._conn = open_connection(uri)
         self._lock = threading.Lock()
@@ -363,15 +368,23 @@ class LibvirtHypervisor:
         with self._lock:
             if self._accel == "tcg":
                 return True
-            if self._on_accel_fallback is None:
+            if not kvm_stop_switches(self._verdict, reason):
                 return False
             self._accel = "tcg"
         log.warning("KVM stopped a guest (%s): every later domain runs under TCG", reason)
-        try:
-            self._on_accel_fallback(reason)
-        except Exception as exc:  # the switch holds for this process even if storing fails
-            log.warning("could not store the TCG verdict: %s", exc)
         return True
+
+    def kvm_ran_linux(self) -> None:
+        with self._lock:
+            if self._accel != "kvm" or self._kvm_ran or self._verdict is None:
+                return
+            self._kvm_ran = True
+            verdict = self._verdict
+        if not verdict.kvm_proven:
+            try:
+                verdict.kvm_ran_linux()
+            except Exception as exc:
+                log.warning("could not store that KVM ran a Linux guest: %s", exc)
 
     def close(self) -> None:
         """Close the connection; an instance it made itself is released too (its sessions
