@@ -289,8 +289,8 @@ def test_a_file_set_may_not_provide_a_generated_file(recipes: Path) -> None:
 
 def test_finalize_script_declares_users_services_and_commands(recipes: Path) -> None:
     _edit(
-        recipes, DEFAULT_IMAGE, 'commands = ["/usr/local/lib/deskvm/xkb-cache',
-        'commands = ["echo hello > /etc/motd", "/usr/local/lib/deskvm/xkb-cache',
+        recipes, DEFAULT_IMAGE, 'commands = [\n  "/usr/local/lib/deskvm/xkb-cache',
+        'commands = [\n  "echo hello > /etc/motd", "/usr/local/lib/deskvm/xkb-cache',
     )  # fmt: skip
     script = finalize_script(load_recipe(DEFAULT_IMAGE, recipes_dir=recipes))
     assert "useradd --create-home --uid 1000 --user-group --shell /bin/bash" in script
@@ -300,6 +300,8 @@ def test_finalize_script_declares_users_services_and_commands(recipes: Path) -> 
     assert "/bin/sh -eu -c 'echo hello > /etc/motd'" in script
     # The X server's keymap cache (guest/base/usr/local/lib/deskvm/xkb-cache), after it.
     assert script.index("echo hello") < script.index("/usr/local/lib/deskvm/xkb-cache us de fr")
+    # A fontconfig template conf.d names but [strip] left out fails the build.
+    assert "names a template the image left out" in script
 
 
 def test_mmdebstrap_command(tmp_path: Path) -> None:
