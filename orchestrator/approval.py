@@ -19,7 +19,6 @@ agent gets a structured error and nothing reaches the guest.
 
 from __future__ import annotations
 
-import re
 import secrets
 import shlex
 import threading
@@ -32,6 +31,7 @@ from agent_bridge.protocol.guest import Exec, GetFile, PutFile
 from agent_bridge.protocol.keys import KeyCombo, combo_text, parse_combo
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import ActionError, ConfigError, DeskvmError
+from orchestrator.linear_regex import LinearPattern, RegexError, compile_linear
 
 __all__ = [
     "TYPED_WINDOW_CHARS",
@@ -197,7 +197,7 @@ class TypedWindow:
         return window
 
 
-def _match_ending_after(regex: re.Pattern[str], text: str, after: int) -> bool:
+def _match_ending_after(regex: LinearPattern, text: str, after: int) -> bool:
     """Whether ``regex`` matches somewhere in ``text`` with a match ending past ``after``.
 
     Tries the leftmost match from each start position in turn, so a match found earlier
@@ -250,7 +250,7 @@ def _check_kinds(kinds: tuple[str, ...]) -> None:
         )
 
 
-def _compile(name: str, patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+def _compile(name: str, patterns: tuple[str, ...]) -> tuple[LinearPattern, ...]:
     regexes = []
     for pattern in patterns:
         if not isinstance(pattern, str):
@@ -258,8 +258,8 @@ def _compile(name: str, patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...
         if len(pattern) > _MAX_PATTERN_CHARS:
             raise ConfigError(f"approval pattern longer than {_MAX_PATTERN_CHARS} chars")
         try:
-            regexes.append(re.compile(pattern))
-        except re.error as exc:
+            regexes.append(compile_linear(pattern))
+        except RegexError as exc:
             raise ConfigError(f"approval pattern {pattern!r}: {exc}") from exc
     return tuple(regexes)
 
@@ -274,20 +274,22 @@ class ApprovalPolicy:
         kinds: action names (``"click"``, ``"type"``, ``"key"``...) to hold.
         key_combos: key combos (``"ctrl+alt+delete"``, ``"meta"``) to hold, in any ``key``
             or ``hold_key`` action; parsed like the ``key`` action's ``keys``.
-        text_patterns: Python regular expressions; an action is held when one matches
-            (``re.search``) its own ``type`` text, or the session's recent typed text
-            followed by what the action types, with the match reaching into the action's
-            part (see :meth:`reason` and :func:`typed_effect`).
+        text_patterns: regular expressions (RE2: Python's syntax without backreferences or
+            lookaround, matched in linear time, :mod:`orchestrator.linear_regex`); an
+            action is held when one matches (a search) its own ``type`` text, or the
+            session's recent typed text followed by what the action types, with the match
+            reaching into the action's part (see :meth:`reason` and :func:`typed_effect`).
         timeout_s: seconds an operator has to decide; then the action is denied.
         include_observations: in supervised mode, also hold screenshot/zoom/cursor queries.
-        argv_patterns: Python regular expressions held against a guest ``exec``'s command
-            line: ``re.search`` over its argv joined as a shell would quote it
+        argv_patterns: regular expressions (RE2, as ``text_patterns``) held against a guest
+            ``exec``'s command line: a search over its argv joined as a shell would quote it
             (``shlex.join``, e.g. ``rm -rf /tmp/x``).
-        path_patterns: Python regular expressions held against the path of a ``put_file``
-            or ``get_file`` (``re.search``; the path as sent, already normalised).
+        path_patterns: regular expressions (RE2) held against the path of a ``put_file``
+            or ``get_file`` (a search; the path as sent, already normalised).
 
     Raises:
-        ConfigError: unknown combo, bad regular expression, too many rules, bad timeout.
+        ConfigError: unknown combo, bad regular expression (or one RE2 does not take),
+            too many rules, bad timeout.
     """
 
     every_action: bool = False
@@ -299,13 +301,9 @@ class ApprovalPolicy:
     argv_patterns: tuple[str, ...] = ()
     path_patterns: tuple[str, ...] = ()
     _combos: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
-    _regexes: tuple[re.Pattern[str], ...] = field(default=(), init=False, repr=False, compare=False)
-    _argv_res: tuple[re.Pattern[str], ...] = field(
-        default=(), init=False, repr=False, compare=False
-    )
-    _path_res: tuple[re.Pattern[str], ...] = field(
-        default=(), init=False, repr=False, compare=False
-    )
+    _regexes: tuple[LinearPattern, ...] = field(default=(), init=False, repr=False, compare=False)
+    _argv_res: tuple[LinearPattern, ...] = field(default=(), init=False, repr=False, compare=False)
+    _path_res: tuple[LinearPattern, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("kinds", "key_combos", "text_patterns", "argv_patterns", "path_patterns"):

@@ -22,6 +22,7 @@ from typing import Any
 
 from agent_bridge.tasks.model import METRIC_OPTIONS
 from orchestrator.errors import DeskvmError
+from orchestrator.linear_regex import RegexError, compile_linear
 
 __all__ = ["A11Y_NAMESPACES", "METRICS", "Metric", "MetricError", "a11y_xml"]
 
@@ -226,7 +227,12 @@ def _match_value(value: Any, rule: Mapping[str, Any]) -> bool:
     method = rule.get("method", "eq")
     ref = rule.get("ref")
     if method == "re":
-        return isinstance(value, str) and re.search(str(ref), value) is not None
+        # RE2: the value is the guest's, and a backtracking pattern must not stall the check.
+        try:
+            regex = compile_linear(str(ref))
+        except RegexError as exc:
+            raise MetricError(f"check_json: pattern {ref!r}: {exc}") from exc
+        return isinstance(value, str) and regex.search(value) is not None
     op = _OPS.get(method)
     if op is None:
         raise MetricError(

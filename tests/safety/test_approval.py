@@ -9,7 +9,7 @@ import pytest
 
 from agent_bridge.protocol.actions import Click, Key, Screenshot, Type
 from agent_bridge.protocol.keys import parse_combo
-from orchestrator.approval import ApprovalDesk, ApprovalPolicy
+from orchestrator.approval import ApprovalDesk, ApprovalPolicy, TypedWindow
 from orchestrator.errors import ConfigError, DeskvmError
 
 
@@ -46,6 +46,33 @@ def test_supervised_mode_holds_every_action_but_observations() -> None:
 def test_bad_policies_are_config_errors(kwargs: dict[str, object]) -> None:
     with pytest.raises(DeskvmError):
         ApprovalPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_patterns_without_linear_time_matching_are_refused_at_create() -> None:
+    """Backreferences and lookaround need backtracking: RE2 refuses them, naming why."""
+    for pattern in (r"(a)\1", "(?=rm)", "(?<!x)rm"):
+        with pytest.raises(ConfigError, match="RE2"):
+            ApprovalPolicy(text_patterns=(pattern,))
+        with pytest.raises(ConfigError, match="RE2"):
+            ApprovalPolicy(argv_patterns=(pattern,))
+
+
+@pytest.mark.parametrize("n", [40, 4000])
+def test_typed_text_cannot_make_a_pattern_backtrack(n: int) -> None:
+    """``(a+)+$`` against 40 a's and a '!' runs for hours with Python's backtracking ``re``
+    (24 a's took 15 s, holding every request); with RE2 it is linear in the text. The
+    check runs in a thread so that a regression fails here instead of hanging the run."""
+    policy = ApprovalPolicy(text_patterns=("(a+)+$",))
+    window = TypedWindow()
+    window.feed(Type("a" * n))
+    results: list[str | None] = []
+    worker = threading.Thread(
+        target=lambda: results.append(policy.reason(Type("a" * n + "!"), window)), daemon=True
+    )
+    worker.start()
+    worker.join(30.0)
+    assert results == [None]  # finished, and '!' ends the text: no match
+    assert policy.reason(Type("aaaa")) is not None
 
 
 def _decide_later(desk: ApprovalDesk, decision: str, by: str) -> threading.Thread:
