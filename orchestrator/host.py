@@ -200,8 +200,9 @@ def probe_accel(
                             f"{accel}: guest ran"
                             if accel == "tcg"
                             else (
-                                "kvm: the probe's boot sector ran (the first Linux boot confirms "
-                                "it: one KVM stops falls back to TCG)"
+                                "kvm: a boot sector ran under KVM; not yet confirmed with "
+                                "Linux: if KVM stops the first Linux guest, deskvm boots it "
+                                "again under TCG and keeps TCG"
                             )
                         )
                         return accel, "; ".join([*reasons, ran])

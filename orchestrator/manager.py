@@ -635,6 +635,9 @@ class SessionManager:
             # the spare (or the session's domain is the spare); the pool counts it again.
             self._want_spare(session.id)
             raise
+        if session.state != "ready":
+            # Deleted as the reset finished: it stays deleted, and the reset says so.
+            raise SessionClosed(f"session {session.id} is {session.state}, not ready")
         self._want_spare(session.id)  # for the next reset
         return session
 

@@ -826,14 +826,21 @@ class WarmPool:
             with contextlib.suppress(DeskvmError):
                 self._hv.destroy(session_id)
             shutil.rmtree(dest, ignore_errors=True)
-            self._fail(entry, f"template boot or save failed: {exc.message}")
             if (
                 isinstance(exc, AccelFailed)
                 and boot_accel == "kvm"
                 and self._hv.fall_back_to_tcg(exc.message)
             ):
+                log.warning(
+                    "warm pool %s: KVM stopped the template's guest; booting it again under "
+                    "TCG now", target.image,
+                )  # fmt: skip
                 with self._changed:
-                    entry.failed_at = None  # booted again at once, under TCG
+                    entry.phase = "failed"
+                    entry.error, entry.failed_at = f"KVM stopped the template: {exc.message}", None
+                    self._changed.notify_all()
+                return
+            self._fail(entry, f"template boot or save failed: {exc.message}")
             return
         finally:
             if target.egress and self._egress is not None:

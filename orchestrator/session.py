@@ -1814,6 +1814,8 @@ class Session:
             HypervisorError: the restore failed (the session's domain is gone).
             BootTimeout: the restored desktop was not drawn in time.
         """
+        if self._state in ("closing", "closed", "failed"):
+            raise SessionClosed(f"session {self.id} is {self._state}, not ready")
         if self.start_state is None and self.spec.egress is not None and self.start_kind == "warm":
             raise ConfigError(
                 f"session {self.id} has egress: its warm start restored a desktop onto its "

@@ -785,3 +785,31 @@ def test_a_template_ready_under_kvm_is_proof_that_kvm_runs_linux(tmp_path: Path)
     with running_pool(manager(tmp_path, hv, size=1), hv) as m:
         assert m.pool is not None and m.pool.wait_full(5)
         assert verdict.ran == 1 and verdict.failed == [] and hv.accel == "kvm"
+
+
+def test_a_reset_of_a_deleted_session_says_it_is_closed(tmp_path: Path) -> None:
+    """Deleted (cold or warm), a session's reset answers session_closed, not
+    reset_unavailable; one deleted as its reset finishes stays deleted, and the reset
+    says so rather than answer with a closing session."""
+    hv = FakeHypervisor()
+    with running_pool(manager(tmp_path, hv, size=1), hv) as m:
+        assert m.pool is not None and m.pool.wait_full(5)
+        cold = create(m, display=DisplaySpec(1024, 768))  # no pooled desktop of that size
+        assert cold.start_kind == "cold"
+        m.delete(cold.id)
+        with pytest.raises(SessionClosed) as info:
+            m.reset(cold.id)
+        assert info.value.code == "session_closed"
+        warm = create(m)
+        assert warm.start_kind == "warm"
+        reset = warm.reset
+
+        def reset_then_deleted() -> float:
+            took = reset()
+            m.delete(warm.id)  # the client's DELETE, just as the reset finished
+            return took
+
+        warm.reset = reset_then_deleted  # type: ignore[method-assign]
+        with pytest.raises(SessionClosed):
+            m.reset(warm.id)
+        assert warm.state == "closed"

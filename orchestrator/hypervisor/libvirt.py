@@ -371,7 +371,11 @@ class LibvirtHypervisor:
             if not kvm_stop_switches(self._verdict, reason):
                 return False
             self._accel = "tcg"
-        log.warning("KVM stopped a guest (%s): every later domain runs under TCG", reason)
+        log.warning(
+            "KVM stopped a guest (%s): this and every later domain run under TCG, which is "
+            "slower and, as QEMU documents, not a security boundary",
+            reason,
+        )
         return True
 
     def kvm_ran_linux(self) -> None:
