@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -157,8 +158,11 @@ _MARK = {
 }
 
 
-def setup_host(settings: Settings, *, fix: bool, reprobe: bool = False) -> str:
-    """Run the doctor, printing each check; return the acceleration ("kvm"/"tcg").
+def setup_host(
+    settings: Settings, *, fix: bool, reprobe: bool = False, report_to: Console = console
+) -> str:
+    """Run the doctor, printing each check to ``report_to`` (stderr unless given: the
+    ``doctor`` command's report goes to stdout); return the acceleration ("kvm"/"tcg").
 
     Raises:
         typer.Exit: a needed check failed.
@@ -169,9 +173,9 @@ def setup_host(settings: Settings, *, fix: bool, reprobe: bool = False) -> str:
         line = f"  {_MARK[check.status]:<18} [bold]{check.name}[/]: {check.detail}"
         if check.fix and check.status in ("fail", "warn"):
             line += f"\n  {'':<7}fix: [bold]{check.fix}[/]"
-        console.print(line)
+        report_to.print(line)
 
-    console.print("[bold]Checking the host[/]" + (" (fixing what it can)" if fix else ""))
+    report_to.print("[bold]Checking the host[/]" + (" (fixing what it can)" if fix else ""))
     report = run_doctor(
         fix=fix,
         host_file=settings.host_file,
@@ -212,12 +216,12 @@ def doctor(
     """Check the host: packages, libvirt daemons, /dev/kvm permissions, acceleration.
 
     Acceleration is probed by booting a tiny guest: KVM only if it really runs, else TCG
-    (with a warning: TCG is not a security boundary). With ``--input``, a session with the
+    (with a warning: TCG is not a security boundary). With `--input`, a session with the
     guest's input probe is booted and a short fidelity check runs against it.
     """
     settings = _settings(state_dir)
-    accel = setup_host(settings, fix=fix, reprobe=reprobe)
-    console.print(f"[green]Host ready[/] (acceleration: {accel}).")
+    accel = setup_host(settings, fix=fix, reprobe=reprobe, report_to=out)  # the report: stdout
+    out.print(f"[green]Host ready[/] (acceleration: {accel}).")
     if input_check and not _input_check(settings):
         raise typer.Exit(1)
 
@@ -248,9 +252,9 @@ def _input_check(settings: Settings) -> bool:
     table = Table("case", "result", "guest received")
     for row in rows:
         table.add_row(row.case, "[green]pass[/]" if row.ok else "[red]FAIL[/]", row.detail)
-    console.print(table)
+    out.print(table)
     failed = sum(not r.ok for r in rows)
-    console.print(
+    out.print(
         f"[green]input fidelity: {len(rows)} of {len(rows)} cases pass[/]"
         if not failed
         else f"[red]input fidelity: {failed} of {len(rows)} cases FAIL[/]"
@@ -446,27 +450,38 @@ def image_ls(
 
     settings = _settings(state_dir)
     records = image_records(settings.images_dir)
-    table = Table("name", "hash", "size", "built", "verified", "source", "boot")
+    # Compact enough for 80 columns: header rule only, two spaces between columns, the
+    # name never truncated or wrapped, a short hash, the build date without the time.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("name", no_wrap=True)
+    table.add_column("hash", no_wrap=True)
+    table.add_column("size", no_wrap=True)
+    table.add_column("built", no_wrap=True)
+    for column in ("verified", "source", "boot"):
+        table.add_column(column)
     shown = set()
+    unverified = []
     for r in records:
         if not (r.current or all_versions):
             continue
         shown.add(r.name)
-        verified = (
-            f"[green]yes[/] {r.verified.verified_at[:10]} ({r.verified.boot_to_ready_s:.0f} s "
-            f"{r.verified.accel})"
-            if r.verified is not None
-            else f"[yellow]no[/] (deskvm image verify {r.name})"
-        )
+        if r.verified is not None:
+            verified = f"[green]yes[/], {r.verified.boot_to_ready_s:.0f} s {r.verified.accel}"
+        else:
+            verified = "[yellow]no[/]"
+            if r.current:
+                unverified.append(r.name)
         name = r.name if r.current else f"[dim]{r.name} (old)[/]"
         table.add_row(
-            name, r.content_hash[:12], _size(r.size_bytes), r.built_at.replace("T", " ")[:16],
+            name, r.content_hash[:8], _size(r.size_bytes), r.built_at[:10],
             verified, r.source, r.boot,
         )  # fmt: skip
     for recipe in list_recipes():
         if recipe not in shown:
             table.add_row(recipe, "-", "-", "[yellow]not built[/]", "-", "recipe", "direct")
     out.print(table)
+    for name in unverified:
+        out.print(f"not verified: run `deskvm image verify {name}`")
     out.print(f"images: {settings.images_dir}")
 
 
@@ -629,8 +644,8 @@ def serve(
         typer.Option(
             "--config",
             metavar="PATH",
-            help="TOML config file: a [serve] table (host, port and the settings by name) "
-            "and [[warm_pool]] tables (image, size, width_px, height_px, memory_mib, vcpus, "
+            help="TOML config file: a \\[serve] table (host, port and the settings by name) "
+            "and \\[\\[warm_pool]] tables (image, size, width_px, height_px, memory_mib, vcpus, "
             "egress); "
             "the environment and these flags override it. \\[default: DESKVM_CONFIG, else "
             "/etc/deskvm/serve.toml if it exists]",
@@ -841,7 +856,10 @@ def serve(
         console.print("egress: not configured (sessions with an egress policy are refused)")
     console.print(f"token: [bold]{token_value}[/]  ({_token_source(settings, given=token)})")
     console.print(f"docs:  http://{host}:{port}/docs   protocol: docs/protocol.md")
-    console.print(f"replay viewer: http://{host}:{port}/replay/#token={token_value}")
+    # soft_wrap: a URL longer than the terminal is left whole for copying, not folded.
+    base = f"http://{host}:{port}"
+    console.print(f"sessions:      {base}/ui/#token={token_value}", soft_wrap=True)
+    console.print(f"replay viewer: {base}/replay/#token={token_value}", soft_wrap=True)
     run_server(app_, host=host, port=port, sock=sock)
 
 

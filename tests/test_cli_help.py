@@ -37,6 +37,12 @@ def test_flags_show_no_value_type(path: tuple[str, ...]) -> None:
     output = _help(*path)
     assert "<bool>" not in output, output
     assert "--help" in output
+    assert "``" not in output, output  # RST literals are not rendered by rich
+
+
+def test_config_table_names_survive_rich_markup() -> None:
+    serve = " ".join(_help("serve").split())
+    assert "a [serve] table" in serve and "and [[warm_pool]] tables" in serve, serve
 
 
 def test_defaults_are_shown() -> None:

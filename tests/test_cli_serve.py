@@ -95,3 +95,6 @@ def test_a_new_token_is_in_the_token_file(tmp_path: Path, served: list[dict[str,
     token_file = tmp_path / "state" / "token"
     token = token_file.read_text().strip()
     assert f"token: {token}  (also in {token_file})" in output
+    # The session list (README) and the replay viewer, each with the token in the fragment.
+    assert f"/ui/#token={token}" in output
+    assert f"/replay/#token={token}" in output

@@ -86,12 +86,21 @@ def test_ls_shows_name_hash_size_date_and_verified(env: dict[str, str], tmp_path
     code, output = run(env, "image", "ls")
     assert code == 0, output
     line = next(line for line in output.splitlines() if DEFAULT_IMAGE in line)
-    assert recipe_hash(DEFAULT_IMAGE)[:12] in line
-    assert "2026-11-30 10:00" in line
-    assert "yes" in line and "23 s" in line and "tcg" in line
+    assert recipe_hash(DEFAULT_IMAGE)[:8] in line
+    assert "2026-11-30" in line
+    assert "yes, 23 s tcg" in line
     assert "MiB" in line
     code, listed = run(env, "image", "list")  # kept for scripts
     assert code == 0 and DEFAULT_IMAGE in listed
+
+
+def test_ls_fits_80_columns_with_whole_names(env: dict[str, str], tmp_path: Path) -> None:
+    _fake_built(tmp_path / "images", verified=True)
+    code, output = run({**env, "COLUMNS": "80"}, "image", "ls")
+    assert code == 0, output
+    rows = [line for line in output.splitlines() if line.startswith("debian12-")]
+    assert any(row.startswith(f"{DEFAULT_IMAGE} ") and "yes, 23 s tcg" in row for row in rows)
+    assert all("…" not in row and len(row.rstrip()) <= 80 for row in rows), output
 
 
 def test_ls_says_how_to_verify_and_build(env: dict[str, str], tmp_path: Path) -> None:
