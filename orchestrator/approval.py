@@ -22,6 +22,7 @@ from __future__ import annotations
 import secrets
 import shlex
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,9 +30,14 @@ from typing import Any, Literal
 from agent_bridge.protocol.actions import ACTION_KINDS, Action, HoldKey, Key, Type, action_name
 from agent_bridge.protocol.guest import Exec, GetFile, PutFile
 from agent_bridge.protocol.keys import KeyCombo, combo_text, parse_combo
+from orchestrator.bounded_regex import (
+    BoundedPattern,
+    RegexError,
+    RegexTimeout,
+    compile_bounded,
+)
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import ActionError, ConfigError, DeskvmError
-from orchestrator.linear_regex import LinearPattern, RegexError, compile_linear
 
 __all__ = [
     "TYPED_WINDOW_CHARS",
@@ -59,6 +65,9 @@ _KIND_HINTS = {
     "move_to": "move", "drag_to": "drag", "scroll_up": "scroll", "scroll_down": "scroll",
 }  # fmt: skip
 _MAX_PATTERN_CHARS = 200
+MATCH_BUDGET_S = 0.25
+"""Seconds all the patterns of one action may take to decide, together; past it the
+action is held (see :meth:`ApprovalPolicy.reason`)."""
 
 TYPED_WINDOW_CHARS = 1024
 """How many of the most recently typed characters a session keeps for text rules."""
@@ -197,7 +206,7 @@ class TypedWindow:
         return window
 
 
-def _match_ending_after(regex: LinearPattern, text: str, after: int) -> bool:
+def _match_ending_after(regex: BoundedPattern, text: str, after: int, deadline: float) -> bool:
     """Whether ``regex`` matches somewhere in ``text`` with a match ending past ``after``.
 
     Tries the leftmost match from each start position in turn, so a match found earlier
@@ -205,7 +214,7 @@ def _match_ending_after(regex: LinearPattern, text: str, after: int) -> bool:
     """
     pos = 0
     while pos <= len(text):
-        match = regex.search(text, pos)
+        match = regex.search(text, pos, deadline=deadline)
         if match is None:
             return False
         if match.end() > after:
@@ -250,7 +259,7 @@ def _check_kinds(kinds: tuple[str, ...]) -> None:
         )
 
 
-def _compile(name: str, patterns: tuple[str, ...]) -> tuple[LinearPattern, ...]:
+def _compile(name: str, patterns: tuple[str, ...]) -> tuple[BoundedPattern, ...]:
     regexes = []
     for pattern in patterns:
         if not isinstance(pattern, str):
@@ -258,7 +267,7 @@ def _compile(name: str, patterns: tuple[str, ...]) -> tuple[LinearPattern, ...]:
         if len(pattern) > _MAX_PATTERN_CHARS:
             raise ConfigError(f"approval pattern longer than {_MAX_PATTERN_CHARS} chars")
         try:
-            regexes.append(compile_linear(pattern))
+            regexes.append(compile_bounded(pattern))
         except RegexError as exc:
             raise ConfigError(f"approval pattern {pattern!r}: {exc}") from exc
     return tuple(regexes)
@@ -274,22 +283,21 @@ class ApprovalPolicy:
         kinds: action names (``"click"``, ``"type"``, ``"key"``...) to hold.
         key_combos: key combos (``"ctrl+alt+delete"``, ``"meta"``) to hold, in any ``key``
             or ``hold_key`` action; parsed like the ``key`` action's ``keys``.
-        text_patterns: regular expressions (RE2: Python's syntax without backreferences or
-            lookaround, matched in linear time, :mod:`orchestrator.linear_regex`); an
-            action is held when one matches (a search) its own ``type`` text, or the
+        text_patterns: regular expressions (:mod:`re` syntax and meaning; searched with a
+            deadline, :mod:`orchestrator.bounded_regex`); an action is held when one
+            matches (a search) its own ``type`` text, or the
             session's recent typed text followed by what the action types, with the match
             reaching into the action's part (see :meth:`reason` and :func:`typed_effect`).
         timeout_s: seconds an operator has to decide; then the action is denied.
         include_observations: in supervised mode, also hold screenshot/zoom/cursor queries.
-        argv_patterns: regular expressions (RE2, as ``text_patterns``) held against a guest
+        argv_patterns: regular expressions (as ``text_patterns``) held against a guest
             ``exec``'s command line: a search over its argv joined as a shell would quote it
             (``shlex.join``, e.g. ``rm -rf /tmp/x``).
-        path_patterns: regular expressions (RE2) held against the path of a ``put_file``
-            or ``get_file`` (a search; the path as sent, already normalised).
+        path_patterns: regular expressions (as ``text_patterns``) held against the path of
+            a ``put_file`` or ``get_file`` (a search; the path as sent, already normalised).
 
     Raises:
-        ConfigError: unknown combo, bad regular expression (or one RE2 does not take),
-            too many rules, bad timeout.
+        ConfigError: unknown combo, bad regular expression, too many rules, bad timeout.
     """
 
     every_action: bool = False
@@ -301,9 +309,9 @@ class ApprovalPolicy:
     argv_patterns: tuple[str, ...] = ()
     path_patterns: tuple[str, ...] = ()
     _combos: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
-    _regexes: tuple[LinearPattern, ...] = field(default=(), init=False, repr=False, compare=False)
-    _argv_res: tuple[LinearPattern, ...] = field(default=(), init=False, repr=False, compare=False)
-    _path_res: tuple[LinearPattern, ...] = field(default=(), init=False, repr=False, compare=False)
+    _regexes: tuple[BoundedPattern, ...] = field(default=(), init=False, repr=False, compare=False)
+    _argv_res: tuple[BoundedPattern, ...] = field(default=(), init=False, repr=False, compare=False)
+    _path_res: tuple[BoundedPattern, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("kinds", "key_combos", "text_patterns", "argv_patterns", "path_patterns"):
@@ -392,6 +400,21 @@ class ApprovalPolicy:
             return "supervised: every action"
         if name in self.kinds:
             return f"action kind {name!r}"
+        # Every pattern of this action shares one deadline; one that cannot decide in time
+        # (it backtracks on this text) holds the action: an agent's text cannot stall the
+        # server, nor get past a rule by being slow to match.
+        deadline = time.monotonic() + MATCH_BUDGET_S
+        try:
+            return self._pattern_reason(action, typed, deadline)
+        except RegexTimeout as exc:
+            return (
+                f"pattern /{exc.pattern}/ did not decide within {MATCH_BUDGET_S:g} s on this "
+                "text (held: a rule that cannot decide holds)"
+            )
+
+    def _pattern_reason(
+        self, action: Action, typed: TypedWindow | None, deadline: float
+    ) -> str | None:
         match action:
             case Key(combos=combos):
                 for combo in combos:
@@ -401,21 +424,21 @@ class ApprovalPolicy:
                 return f"key combo {combo}"
             case Type(text=text):
                 for regex in self._regexes:
-                    if regex.search(text):
+                    if regex.search(text, deadline=deadline):
                         return f"typed text matches /{regex.pattern}/"
             case Exec(argv=argv):
                 line = shlex.join(argv)
                 for regex in self._argv_res:
-                    if regex.search(line):
+                    if regex.search(line, deadline=deadline):
                         return f"exec argv matches /{regex.pattern}/"
             case PutFile(path=path) | GetFile(path=path):
                 for regex in self._path_res:
-                    if regex.search(path):
+                    if regex.search(path, deadline=deadline):
                         return f"path matches /{regex.pattern}/"
         if typed is not None and self._regexes and typed_effect(action):
             combined, kept = typed.preview(action)
             for regex in self._regexes:
-                if _match_ending_after(regex, combined, kept):
+                if _match_ending_after(regex, combined, kept, deadline):
                     return f"recent typed text matches /{regex.pattern}/"
         return None
 

@@ -16,13 +16,14 @@ import csv
 import json
 import operator
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agent_bridge.tasks.model import METRIC_OPTIONS
+from orchestrator.bounded_regex import RegexError, RegexTimeout, compile_bounded
 from orchestrator.errors import DeskvmError
-from orchestrator.linear_regex import RegexError, compile_linear
 
 __all__ = ["A11Y_NAMESPACES", "METRICS", "Metric", "MetricError", "a11y_xml"]
 
@@ -213,6 +214,10 @@ def compare_table(result: Any, expected: Any, *, rules: Sequence[Any] | None = N
     return 1.0
 
 
+CHECK_REGEX_BUDGET_S = 1.0
+"""Seconds a ``check_json`` ``re`` rule may take on the guest's value; past it the check
+fails with a :class:`MetricError` (it could not decide)."""
+
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "eq": operator.eq,
     "ne": operator.ne,
@@ -227,12 +232,22 @@ def _match_value(value: Any, rule: Mapping[str, Any]) -> bool:
     method = rule.get("method", "eq")
     ref = rule.get("ref")
     if method == "re":
-        # RE2: the value is the guest's, and a backtracking pattern must not stall the check.
+        # The value is the guest's: a pattern that backtracks on it must not stall the
+        # check; one that cannot decide in time fails it.
         try:
-            regex = compile_linear(str(ref))
+            regex = compile_bounded(str(ref))
         except RegexError as exc:
             raise MetricError(f"check_json: pattern {ref!r}: {exc}") from exc
-        return isinstance(value, str) and regex.search(value) is not None
+        if not isinstance(value, str):
+            return False
+        try:
+            found = regex.search(value, deadline=time.monotonic() + CHECK_REGEX_BUDGET_S)
+        except RegexTimeout as exc:
+            raise MetricError(
+                f"check_json: pattern {ref!r} did not decide within {CHECK_REGEX_BUDGET_S:g} s "
+                "on the guest's value"
+            ) from exc
+        return found is not None
     op = _OPS.get(method)
     if op is None:
         raise MetricError(
