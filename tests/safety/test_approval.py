@@ -66,7 +66,24 @@ def test_patterns_keep_pythons_meaning(pattern: str, text: str) -> None:
     """Rules written for Python's ``re`` hold what they held: the bound on matching time
     changes no match."""
     assert re.search(pattern, text) is not None
-    assert ApprovalPolicy(text_patterns=(pattern,)).reason(Type(text)) is not None
+    policy = ApprovalPolicy(text_patterns=(pattern,))
+    reason = policy.reason(Type(text))
+    assert reason is not None and reason.startswith("typed text matches")  # decided: a match
+    miss = text.replace("sudo", "echo").replace("жд", "жж").replace("rm", "mv")
+    miss = miss.replace("ll", "lo").replace("٣٤", "٣x")
+    assert re.search(pattern, miss) is None
+    assert policy.reason(Type(miss)) is None
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["(?R)?a", r"\p{L}", "(?V1)a", "sudo{e<=1}", "x{100000000}", "(x{1000}){1000}", "{"],
+)
+def test_patterns_re_refuses_or_that_cannot_be_bounded_are_refused(pattern: str) -> None:
+    """The regex package's own syntax (recursion, \\p, fuzzy matching after a bare brace),
+    and repeat counts it would expand into gigabytes, are refused at create."""
+    with pytest.raises(ConfigError, match="approval pattern"):
+        ApprovalPolicy(text_patterns=(pattern,))
 
 
 _TRAP = """
