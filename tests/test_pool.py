@@ -18,6 +18,7 @@ from orchestrator.instance import Instance
 from orchestrator.manager import SessionManager
 from orchestrator.pool import DEFAULT_CPU_WEIGHT, POOL_CPU_WEIGHT, PoolTarget, parse_warm_pool
 from orchestrator.spec import BootImage, DisplaySpec
+from tests.accel_verdict import Verdict
 
 IMAGE = BootImage("debian12-desktop", "cd" * 32, Path("/b"), Path("/k"), Path("/i"))
 HARD_MIB = 2048 + 768
@@ -747,22 +748,6 @@ def test_a_template_whose_guest_clock_never_answers_is_saved_anyway(
         assert m.pool.wait_full(5)
         assert len(hv.saved) == 1
         assert "guest clock did not answer" in caplog.text
-
-
-class Verdict:
-    """An :class:`~orchestrator.hypervisor.base.AccelVerdict` that remembers its calls."""
-
-    def __init__(self) -> None:
-        self.pinned, self.kvm_proven = False, False
-        self.failed: list[str] = []
-        self.ran = 0
-
-    def kvm_failed(self, reason: str) -> None:
-        self.failed.append(reason)
-
-    def kvm_ran_linux(self) -> None:
-        self.ran += 1
-        self.kvm_proven = True
 
 
 def test_a_template_kvm_stops_is_booted_again_under_tcg_at_once(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from orchestrator.recorder import FileRecorder, MemoryRecorder
 from orchestrator.replay import summarize
 from orchestrator.session import Session, desktop_drawn
 from orchestrator.spec import BootImage, DisplaySpec, SessionSpec
+from tests.accel_verdict import Verdict
 
 IMAGE = BootImage("debian12-desktop", "cd" * 32, Path("/b"), Path("/k"), Path("/i"))
 
@@ -358,22 +359,6 @@ def test_the_default_memory_total_follows_the_host(tmp_path: Path) -> None:
     assert default_total_memory_mib(8192) == 8192 - 2048
     assert default_total_memory_mib(1024) == 1024
     assert host_memory_mib(tmp_path / "absent") is None
-
-
-class Verdict:
-    """An :class:`~orchestrator.hypervisor.base.AccelVerdict` that remembers its calls."""
-
-    def __init__(self, *, pinned: bool = False, kvm_proven: bool = False) -> None:
-        self.pinned, self.kvm_proven = pinned, kvm_proven
-        self.failed: list[str] = []
-        self.ran = 0
-
-    def kvm_failed(self, reason: str) -> None:
-        self.failed.append(reason)
-
-    def kvm_ran_linux(self) -> None:
-        self.ran += 1
-        self.kvm_proven = True
 
 
 def test_kvm_stopping_the_cold_boot_falls_back_to_tcg_and_boots_again(

@@ -8,6 +8,7 @@ both. The running :class:`Domain` exposes its display (frames and input) and its
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -18,13 +19,13 @@ from orchestrator.spec import SessionSpec
 
 __all__ = [
     "Accel",
+    "AccelSwitch",
     "AccelVerdict",
     "Domain",
     "Hypervisor",
     "NicAttachment",
     "SavedState",
     "SessionPaths",
-    "kvm_stop_switches",
 ]
 
 Accel = Literal["kvm", "tcg"]
@@ -224,19 +225,84 @@ class AccelVerdict(Protocol):
         ...
 
 
-def kvm_stop_switches(verdict: AccelVerdict | None, reason: str) -> bool:
-    """Store a KVM stop in ``verdict`` as it allows; whether the hypervisor switches to TCG.
+class AccelSwitch:
+    """The acceleration a hypervisor starts domains with, and what it learns of the host's
+    KVM: the shared body of :meth:`Hypervisor.fall_back_to_tcg` and
+    :meth:`Hypervisor.kvm_ran_linux`. Thread-safe.
 
-    Shared by the hypervisors' :meth:`Hypervisor.fall_back_to_tcg`. A verdict that cannot
-    be stored is logged: the switch holds for this process all the same.
+    Args:
+        accel: the host's verdict (or the forced acceleration).
+        verdict: where what is learnt is kept; ``None``: KVM was forced, a stop is reported.
+
+    Attributes:
+        kvm_ran: how often a guest reached ready under KVM.
     """
-    if verdict is None or verdict.kvm_proven:
-        return False
-    try:
-        verdict.kvm_failed(reason)
-    except Exception as exc:
-        log.warning("could not store the TCG verdict: %s", exc)
-    return not verdict.pinned
+
+    def __init__(self, accel: Accel, verdict: AccelVerdict | None) -> None:
+        self._accel: Accel = accel
+        self._verdict = verdict
+        self._told = False
+        self._lock = threading.Lock()
+        self.kvm_ran = 0
+
+    @property
+    def accel(self) -> Accel:
+        return self._accel
+
+    def fall_back_to_tcg(self, reason: str) -> bool:
+        """See :meth:`Hypervisor.fall_back_to_tcg`. A verdict that cannot be stored is
+        logged: the switch holds for this process all the same."""
+        with self._lock:
+            if self._accel == "tcg":
+                return True
+            verdict = self._verdict
+            if verdict is None or verdict.kvm_proven:
+                return False
+            try:
+                verdict.kvm_failed(reason)
+            except Exception as exc:
+                log.warning("could not store the TCG verdict: %s", exc)
+            if verdict.pinned:
+                return False
+            self._accel = "tcg"
+        log.warning(
+            "KVM stopped a guest (%s): this and every later domain run under TCG, which is "
+            "slower and, as QEMU documents, not a security boundary",
+            reason,
+        )
+        return True
+
+    def kvm_ran_linux(self) -> None:
+        """See :meth:`Hypervisor.kvm_ran_linux`; the verdict is told once."""
+        with self._lock:
+            if self._accel != "kvm":
+                return
+            self.kvm_ran += 1
+            verdict, self._told = (None if self._told else self._verdict), True
+        if verdict is not None and not verdict.kvm_proven:
+            try:
+                verdict.kvm_ran_linux()
+            except Exception as exc:
+                log.warning("could not store that KVM ran a Linux guest: %s", exc)
+
+
+class AccelSwitched:
+    """The acceleration part of :class:`Hypervisor`, for a class whose ``_accel`` is its
+    :class:`AccelSwitch`."""
+
+    _accel: AccelSwitch
+
+    @property
+    def accel(self) -> Accel:
+        return self._accel.accel
+
+    def fall_back_to_tcg(self, reason: str) -> bool:
+        """See :meth:`Hypervisor.fall_back_to_tcg`."""
+        return self._accel.fall_back_to_tcg(reason)
+
+    def kvm_ran_linux(self) -> None:
+        """See :meth:`Hypervisor.kvm_ran_linux`."""
+        self._accel.kvm_ran_linux()
 
 
 class Hypervisor(Protocol):

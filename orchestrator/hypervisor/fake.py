@@ -19,10 +19,11 @@ from orchestrator.errors import HypervisorError
 from orchestrator.hypervisor.base import (
     LIVE_CPU_WEIGHT,
     Accel,
+    AccelSwitch,
+    AccelSwitched,
     AccelVerdict,
     NicAttachment,
     SavedState,
-    kvm_stop_switches,
 )
 from orchestrator.spec import SessionSpec
 
@@ -123,7 +124,7 @@ class FakeDomain:
         self.links.append(up)
 
 
-class FakeHypervisor:
+class FakeHypervisor(AccelSwitched):
     """:class:`~orchestrator.hypervisor.base.Hypervisor` that keeps domains in memory.
 
     Failures are injected per lifecycle step, each consumed by its next occurrence:
@@ -174,10 +175,7 @@ class FakeHypervisor:
         sessions_dir: Path | None = None,
         accel_verdict: AccelVerdict | None = None,
     ) -> None:
-        self._accel: Accel = accel
-        self._verdict = accel_verdict
-        self.kvm_ran = 0
-        """How often :meth:`kvm_ran_linux` was called under KVM."""
+        self._accel = AccelSwitch(accel, accel_verdict)
         self._sessions_dir = sessions_dir
         self._horizontal_wheel = horizontal_wheel
         self._boot_screens = boot_screens
@@ -195,28 +193,9 @@ class FakeHypervisor:
         self._lock = threading.Lock()
 
     @property
-    def accel(self) -> Accel:
-        return self._accel
-
-    def fall_back_to_tcg(self, reason: str) -> bool:
-        """See :meth:`Hypervisor.fall_back_to_tcg`."""
-        with self._lock:
-            if self._accel == "tcg":
-                return True
-            if not kvm_stop_switches(self._verdict, reason):
-                return False
-            self._accel = "tcg"
-            return True
-
-    def kvm_ran_linux(self) -> None:
-        """See :meth:`Hypervisor.kvm_ran_linux`."""
-        with self._lock:
-            if self._accel != "kvm":
-                return
-            self.kvm_ran += 1
-            verdict = self._verdict
-        if verdict is not None and not verdict.kvm_proven:
-            verdict.kvm_ran_linux()
+    def kvm_ran(self) -> int:
+        """How often a guest reached ready under KVM (:meth:`kvm_ran_linux`)."""
+        return self._accel.kvm_ran
 
     def _injected(self, step: str) -> bool:
         if step in self.fail_on:

@@ -47,11 +47,12 @@ from orchestrator.errors import (
 from orchestrator.hypervisor.base import (
     LIVE_CPU_WEIGHT,
     Accel,
+    AccelSwitch,
+    AccelSwitched,
     AccelVerdict,
     NicAttachment,
     SavedState,
     SessionPaths,
-    kvm_stop_switches,
 )
 from orchestrator.hypervisor.domain_xml import (
     KEYBOARD_ALIAS,
@@ -310,7 +311,7 @@ class _Spare:
     helper: HelperChannel | None
 
 
-class LibvirtHypervisor:
+class LibvirtHypervisor(AccelSwitched):
     """:class:`~orchestrator.hypervisor.base.Hypervisor` on libvirt.
 
     Args:
@@ -332,9 +333,7 @@ class LibvirtHypervisor:
         accel_verdict: AccelVerdict | None = None,
     ) -> None:
         self._sessions_dir = sessions_dir
-        self._accel: Accel = accel
-        self._verdict = accel_verdict
-        self._kvm_ran = False
+        self._accel = AccelSwitch(accel, accel_verdict)
         self._uri = uri
         self._conn = open_connection(uri)
         self._lock = threading.Lock()
@@ -359,36 +358,6 @@ class LibvirtHypervisor:
     def _instance_alive(self, instance: str) -> bool:
         """Whether the instance ``instance`` still holds its lock."""
         return self.instance.alive(instance)
-
-    @property
-    def accel(self) -> Accel:
-        return self._accel
-
-    def fall_back_to_tcg(self, reason: str) -> bool:
-        with self._lock:
-            if self._accel == "tcg":
-                return True
-            if not kvm_stop_switches(self._verdict, reason):
-                return False
-            self._accel = "tcg"
-        log.warning(
-            "KVM stopped a guest (%s): this and every later domain run under TCG, which is "
-            "slower and, as QEMU documents, not a security boundary",
-            reason,
-        )
-        return True
-
-    def kvm_ran_linux(self) -> None:
-        with self._lock:
-            if self._accel != "kvm" or self._kvm_ran or self._verdict is None:
-                return
-            self._kvm_ran = True
-            verdict = self._verdict
-        if not verdict.kvm_proven:
-            try:
-                verdict.kvm_ran_linux()
-            except Exception as exc:
-                log.warning("could not store that KVM ran a Linux guest: %s", exc)
 
     def close(self) -> None:
         """Close the connection; an instance it made itself is released too (its sessions
@@ -557,7 +526,7 @@ class LibvirtHypervisor:
             xml = render_domain_xml(
                 spec,
                 paths,
-                accel=self._accel,
+                accel=self._accel.accel,
                 created=datetime.now(UTC),
                 nic=nic,
                 owner=str(self._sessions_dir),
