@@ -813,8 +813,7 @@ class WarmPool:
             domain = self._hv.start(spec, nic=nic)
             self._hv.set_cpu_weight(session_id, POOL_CPU_WEIGHT)
             self._wait_drawn(spec, domain)
-            if boot_accel == "kvm" and self._hv.accel == "kvm":
-                self._hv.kvm_ran_linux()
+            self._hv.kvm_ran_linux()  # a no-op unless it still runs KVM
             if nic is not None:
                 self._wait_leased(session_id)
             self._wait_clock(target.image, domain)

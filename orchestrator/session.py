@@ -567,8 +567,8 @@ class Session:
                 self._boot_again_under_tcg(exc)
                 self._wait_ready(self._clock.monotonic_ns())
             phases["ready_s"], mark = self._since(mark)
-            if warm is None and boot_accel == "kvm" and self._hypervisor.accel == "kvm":
-                self._hypervisor.kvm_ran_linux()
+            if warm is None:
+                self._hypervisor.kvm_ran_linux()  # a no-op unless it still runs KVM
             self.start_phases_s = phases
         except BaseException as exc:
             with self._state_lock:
